@@ -1,5 +1,5 @@
 // The pooling half of Table::gather_pooled: torch.nn.functional.embedding_bag's bag layout,
-// validation and reduction, on rows that have already been gathered.
+// validation and reduction, on rows the table has located (in place, or gathered into a buffer).
 #pragma once
 
 #include <cstddef>
@@ -34,12 +34,13 @@ struct EmbeddingBag {
 // the table. Row ids are the table's to check.
 void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows);
 
-// Pools bags [first_bag, end_bag) into out (dim floats per bag, indexed by bag number). `rows` holds
-// the rows of the bags' non-skipped ids, in order. Empty bags give zeros; Mean divides by the number
-// of non-skipped ids; Max keeps the first of equal maxima and, when max_positions is not null,
-// records per element the position in ids of the maximum (-1 for an empty bag), exactly as
-// embedding_bag on CPU does (a nan stays only if it comes first in its bag).
-void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const float* rows, uint32_t dim,
-               float* out, int64_t* max_positions);
+// Pools bags [first_bag, end_bag) into out (dim floats per bag, indexed by bag number). rows[k], for
+// k < num_rows, is the row of the bags' k-th non-skipped id (dim floats anywhere in memory: each is
+// prefetched a few rows ahead of its turn). Empty bags give zeros; Mean divides by the number of
+// non-skipped ids; Max keeps the first of equal maxima and, when max_positions is not null, records
+// per element the position in ids of the maximum (-1 for an empty bag), exactly as embedding_bag on
+// CPU does (a nan stays only if it comes first in its bag).
+void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const float* const* rows, size_t num_rows,
+               uint32_t dim, float* out, int64_t* max_positions);
 
 }  // namespace recdev::store

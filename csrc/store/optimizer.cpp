@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "cpu_features.h"
 #include "errors.h"
+#ifdef RECDEV_STORE_AVX2_KERNELS
+#include <immintrin.h>
+#endif
 
 namespace recdev::store {
 namespace {
@@ -45,6 +49,46 @@ Uses uses(OptimizerKind kind) {
 }
 
 bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(double)) == 0; }
+
+// Adagrad's rule (see RowUpdate::apply) on elements [begin, end) of a row.
+void adagrad(float* weight, float* state, const float* grad, uint32_t begin, uint32_t end, float weight_decay,
+             float eps, float neg_clr) {
+  for (uint32_t d = begin; d < end; ++d) {
+    float g = grad[d];
+    if (weight_decay != 0) g = std::fma(weight_decay, weight[d], g);
+    const float sum = state[d] + g * g;
+    state[d] = sum;
+    const float std = std::sqrt(sum) + eps;
+    weight[d] = std::fma(neg_clr, g / std, weight[d]);
+  }
+}
+
+#ifdef RECDEV_STORE_AVX2_KERNELS
+// adagrad() on the row's first dim / 8 * 8 elements, 8 at a time; returns how many it did. The same
+// operations in the same order: float +, *, /, sqrt and fma are correctly rounded at any vector width,
+// so the results are bit-identical. (Without the hardware fma, std::fma is a library call per
+// element, which dominated the update.)
+RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const float* grad, uint32_t dim,
+                                           float weight_decay, float eps, float neg_clr) {
+  const __m256 decay = _mm256_set1_ps(weight_decay);
+  const __m256 epsilon = _mm256_set1_ps(eps);
+  const __m256 step = _mm256_set1_ps(neg_clr);
+  uint32_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 w = _mm256_loadu_ps(weight + d);
+    __m256 g = _mm256_loadu_ps(grad + d);
+    if (weight_decay != 0) g = _mm256_fmadd_ps(decay, w, g);
+    __m256 square = _mm256_mul_ps(g, g);
+    // Opaque to the optimizer, so that it cannot contract the multiply and the add below into an fma.
+    asm("" : "+x"(square));
+    const __m256 sum = _mm256_add_ps(_mm256_loadu_ps(state + d), square);
+    _mm256_storeu_ps(state + d, sum);
+    const __m256 std = _mm256_add_ps(_mm256_sqrt_ps(sum), epsilon);
+    _mm256_storeu_ps(weight + d, _mm256_fmadd_ps(step, _mm256_div_ps(g, std), w));
+  }
+  return d;
+}
+#endif
 
 }  // namespace
 
@@ -184,14 +228,11 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
       // state_sum.add_(g.pow(2)); std = state_sum.sqrt_().add_(eps); param.add_(g / std, alpha=-clr)
       // (torch's float sqrt is not always correctly rounded, so the results may differ from torch's
       // in the last bit.)
-      for (uint32_t d = 0; d < dim; ++d) {
-        float g = grad[d];
-        if (weight_decay_f_ != 0) g = std::fma(weight_decay_f_, weight[d], g);
-        const float sum = state[d] + g * g;
-        state[d] = sum;
-        const float std = std::sqrt(sum) + eps_f_;
-        weight[d] = std::fma(neg_clr_f_, g / std, weight[d]);
-      }
+      uint32_t done = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+      if (cpu_has_avx2_fma()) done = adagrad_avx2(weight, state, grad, dim, weight_decay_f_, eps_f_, neg_clr_f_);
+#endif
+      adagrad(weight, state, grad, done, dim, weight_decay_f_, eps_f_, neg_clr_f_);
       return;
     }
     case OptimizerKind::RowWiseAdagrad: {

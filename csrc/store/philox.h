@@ -15,18 +15,20 @@ namespace recdev::store {
 using PhiloxCounter = std::array<uint32_t, 4>;
 using PhiloxKey = std::array<uint32_t, 2>;
 
+constexpr int kPhiloxRounds = 10;
+constexpr uint32_t kPhiloxMultiplier0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxMultiplier1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;  // golden ratio
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
+
 inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
-  constexpr uint32_t kMultiplier0 = 0xD2511F53u;
-  constexpr uint32_t kMultiplier1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u;  // golden ratio
-  constexpr uint32_t kWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t product0 = uint64_t{kMultiplier0} * ctr[0];
-    const uint64_t product1 = uint64_t{kMultiplier1} * ctr[2];
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const uint64_t product0 = uint64_t{kPhiloxMultiplier0} * ctr[0];
+    const uint64_t product1 = uint64_t{kPhiloxMultiplier1} * ctr[2];
     ctr = {uint32_t(product1 >> 32) ^ ctr[1] ^ key[0], uint32_t(product1),
            uint32_t(product0 >> 32) ^ ctr[3] ^ key[1], uint32_t(product0)};
-    key[0] += kWeyl0;
-    key[1] += kWeyl1;
+    key[0] += kPhiloxWeyl0;
+    key[1] += kPhiloxWeyl1;
   }
   return ctr;
 }

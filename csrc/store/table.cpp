@@ -3,20 +3,72 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <string>
 
+#include "coalesce.h"
 #include "errors.h"
+#include "prefetch.h"
+#include "task_runner.h"
 
 namespace recdev::store {
 namespace {
 
 // A record of at most 1 GiB keeps every size computation far from overflow.
 constexpr uint64_t kMaxRecordFloats = uint64_t{1} << 28;
-// Whole-row ranges of read_bytes/write_bytes and the bags of gather_pooled go through the batch
-// cores this many rows at a time: large enough to amortize the per-batch routing, small enough that
-// the scratch buffers stay in cache.
+// gather_pooled pools this many ids at a time, holding the read locks of all the sub-shards they are
+// in: enough for each sub-shard's share of a block to be worth its lock, few enough that the locks are
+// held briefly (tens of microseconds) and that the pages of the block's rows, which are found a
+// sub-shard at a time and then read in bag order, stay in the TLB in between.
+constexpr size_t kPoolBlockIds = 1024;
+// Batches of at least this many ids spread an update over more than one thread.
+constexpr size_t kUpdateIdsPerThread = 4096;
+// Gradient rows per task of the finite check: 64 KiB at dim 128.
+constexpr size_t kFiniteCheckRows = 128;
+// Whole-row ranges of read_bytes/write_bytes go through the batch cores this many rows at a time:
+// large enough to amortize the per-batch routing, small enough that the scratch buffers stay in cache.
 constexpr size_t kRowBatch = 2048;
+
+// How far ahead, in rows, batch loops prefetch: a row's index bucket kBucketAhead rows before it is
+// due, its record (the bucket having arrived by then) kRecordAhead rows before. Far enough to hide a
+// DRAM miss, near enough to stay within the core's budget of outstanding misses.
+constexpr size_t kBucketAhead = 16;
+constexpr size_t kRecordAhead = 8;
+
+// Calls visit(k) for k in [0, count), in order, where item k is the row of `index` with hash
+// hash_of(k). Ahead of each visit it prefetches the row's bucket, then its record's first
+// `record_bytes` bytes (after the id) along with whatever also_prefetch(k) asks for.
+template <class HashOf, class AlsoPrefetch, class Visit>
+void for_each_prefetched(const RowIndex& index, size_t count, size_t record_bytes, HashOf hash_of,
+                         AlsoPrefetch also_prefetch, Visit visit) {
+  for (size_t k = 0; k < std::min(count, kBucketAhead); ++k) index.prefetch_bucket(hash_of(k));
+  for (size_t k = 0; k < count; ++k) {
+    if (k + kBucketAhead < count) index.prefetch_bucket(hash_of(k + kBucketAhead));
+    if (k + kRecordAhead < count) {
+      index.prefetch_record(hash_of(k + kRecordAhead), record_bytes);
+      also_prefetch(k + kRecordAhead);
+    }
+    visit(k);
+  }
+}
+
+// Whether every value is finite. Branch-free, so that it vectorizes: an exponent field of all ones
+// (inf or nan), and only that, carries into the sign bit when its lowest bit is added.
+bool all_finite(const float* values, size_t count) {
+  constexpr size_t kBlock = 64;  // a fixed inner trip count, which -O2 vectorizes
+  uint32_t carry = 0;
+  size_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    uint32_t bits[kBlock];
+    std::memcpy(bits, values + i, sizeof(bits));
+    for (size_t k = 0; k < kBlock; ++k) carry |= (bits[k] & 0x7F800000u) + 0x00800000u;
+  }
+  for (; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    carry |= (bits & 0x7F800000u) + 0x00800000u;
+  }
+  return (carry & 0x80000000u) == 0;
+}
 
 // Splits the byte range [byte_offset, byte_offset + nbytes) of a dense array of row_bytes-sized rows
 // into a partial first row, batches of whole rows and a partial last row:
@@ -151,18 +203,21 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
     size_t missing_end = begin;
     {
       std::shared_lock<std::shared_mutex> lock(shard.mutex);
-      for (size_t entry = begin; entry < end; ++entry) {
-        const size_t position = route.position(entry);
-        if (const float* record = shard.rows.find(ids[position], route.hash(entry))) {
-          std::memcpy(out + position * row_bytes, record, row_bytes);
-        } else if (policy == MissPolicy::ComputeInit) {
-          init_value.resize(dim_);
-          fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());
-          std::memcpy(out + position * row_bytes, init_value.data(), row_bytes);
-        } else {
-          route.keep(missing_end++, entry);
-        }
-      }
+      for_each_prefetched(
+          shard.rows, end - begin, row_bytes, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
+          [&](size_t k) {
+            const size_t entry = begin + k;
+            const size_t position = route.position(entry);
+            if (const float* record = shard.rows.find(ids[position], route.hash(entry))) {
+              std::memcpy(out + position * row_bytes, record, row_bytes);
+            } else if (policy == MissPolicy::ComputeInit) {
+              init_value.resize(dim_);
+              fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());
+              std::memcpy(out + position * row_bytes, init_value.data(), row_bytes);
+            } else {
+              route.keep(missing_end++, entry);
+            }
+          });
     }
     if (missing_end == begin) continue;
     // Second pass under the write lock: materialize what was missing (another thread may have
@@ -185,12 +240,14 @@ void Table::write_rows(const uint64_t* ids, size_t n, const std::byte* rows) {
     if (begin == end) continue;
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (size_t entry = begin; entry < end; ++entry) {
-      const size_t position = route.position(entry);
-      const auto [record, created] = shard.rows.find_or_insert(ids[position], route.hash(entry));
-      std::memcpy(record, rows + position * row_bytes, row_bytes);
-      if (created) std::fill(record + dim_, record + record_floats_, initial_state_);
-    }
+    for_each_prefetched(
+        shard.rows, end - begin, row_bytes, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
+        [&](size_t k) {
+          const size_t position = route.position(begin + k);
+          const auto [record, created] = shard.rows.find_or_insert(ids[position], route.hash(begin + k));
+          std::memcpy(record, rows + position * row_bytes, row_bytes);
+          if (created) std::fill(record + dim_, record + record_floats_, initial_state_);
+        });
   }
   writes_.fetch_add(n, std::memory_order_relaxed);
 }
@@ -214,24 +271,58 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
-  // Bags are pooled a block at a time: gather the block's rows (all but the skipped ones), then pool.
-  // A block holds whole bags and at most kRowBatch ids, unless a single bag is larger.
-  std::vector<uint64_t> block_ids;
-  std::vector<float> block_rows;
+  // Bags are pooled a block at a time: a block holds whole bags and at most kPoolBlockIds ids, unless a
+  // single bag is larger.
+  std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
+  std::vector<const float*> rows;   // the row of each of block_ids
+  std::vector<float> gathered;
   for (size_t first_bag = 0; first_bag < num_bags;) {
     const size_t begin = bag.bag_begin(first_bag);
     size_t end_bag = first_bag + 1;
-    while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kRowBatch) ++end_bag;
+    while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kPoolBlockIds) ++end_bag;
     block_ids.clear();
     for (size_t position = begin; position < bag.bag_end(end_bag - 1); ++position) {
       if (!bag.skips(position)) block_ids.push_back(ids[position]);
     }
-    block_rows.resize(block_ids.size() * dim_);
-    read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(block_rows.data()),
-              MissPolicy::Materialize);
-    pool_bags(bag, first_bag, end_bag, block_rows.data(), dim_, out, max_positions);
+    rows.resize(block_ids.size());
+    if (!pool_in_place(bag, first_bag, end_bag, block_ids, rows, out, max_positions)) {
+      // Some rows are not materialized: gather copies, which materializes them, and pool those.
+      gathered.resize(block_ids.size() * dim_);
+      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()),
+                MissPolicy::Materialize);
+      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
+      pool_bags(bag, first_bag, end_bag, rows.data(), rows.size(), dim_, out, max_positions);
+    }
     first_bag = end_bag;
   }
+}
+
+bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag,
+                          const std::vector<uint64_t>& block_ids, std::vector<const float*>& rows, float* out,
+                          int64_t* max_positions) const {
+  const ShardRoute route(block_ids.data(), block_ids.size());
+  // The rows are found a sub-shard at a time but pooled in bag order, so every sub-shard of the block
+  // stays read-locked until the pooling is done. (Locked in index order, as everywhere.)
+  std::array<std::shared_lock<std::shared_mutex>, kNumShards> locks;
+  for (size_t s = 0; s < kNumShards; ++s) {
+    const size_t begin = route.begin(s);
+    const size_t end = route.end(s);
+    if (begin == end) continue;
+    const Shard& shard = shards_[s];
+    locks[s] = std::shared_lock<std::shared_mutex>(shard.mutex);
+    bool complete = true;
+    for_each_prefetched(
+        shard.rows, end - begin, 0, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
+        [&](size_t k) {
+          const size_t position = route.position(begin + k);
+          rows[position] = shard.rows.find(block_ids[position], route.hash(begin + k));
+          complete = complete && rows[position] != nullptr;
+        });
+    if (!complete) return false;
+  }
+  pool_bags(bag, first_bag, end_bag, rows.data(), rows.size(), dim_, out, max_positions);
+  reads_.fetch_add(rows.size(), std::memory_order_relaxed);
+  return true;
 }
 
 void Table::write(const uint64_t* ids, size_t n, const float* rows) {
@@ -478,7 +569,33 @@ void Table::update(const uint64_t* ids, size_t n, const float* grads) {
                                                      " has no optimizer: attach one with set_optimizer (" +
                                                      optimizer_names() + ") before update");
   }
+  const size_t threads = threads_for(n, kUpdateIdsPerThread);
+  check_gradients(ids, n, grads, threads);
+  const CoalescedGradients coalesced(ids, n, grads, dim_, threads);
+  if (const auto overflow = coalesced.first_overflow()) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "update of table " + std::to_string(id_) + " refused: the summed gradient of row id " +
+                         std::to_string(overflow->row_id) + " overflows to inf at column " +
+                         std::to_string(overflow->column) + "; nothing was applied");
+  }
+
+  const uint64_t step = step_.fetch_add(1) + 1;
+  const RowUpdate rule(optimizer_, step, dim_);
+  run_tasks(kNumShards, threads, [&](size_t s) { apply_update(shards_[s], coalesced.rows(s), rule); });
+  updates_.fetch_add(coalesced.size(), std::memory_order_relaxed);
+}
+
+void Table::check_gradients(const uint64_t* ids, size_t n, const float* grads, size_t threads) const {
   const size_t dim = dim_;
+  const size_t num_chunks = (n + kFiniteCheckRows - 1) / kFiniteCheckRows;
+  std::atomic<bool> all_ok{true};
+  run_tasks(num_chunks, threads, [&](size_t chunk) {
+    const size_t first = chunk * kFiniteCheckRows;
+    const size_t rows = std::min(kFiniteCheckRows, n - first);
+    if (!all_finite(grads + first * dim, rows * dim)) all_ok.store(false, std::memory_order_relaxed);
+  });
+  if (all_ok.load()) return;
+  // Name the first bad value in batch order.
   for (size_t i = 0; i < n; ++i) {
     const float* row = grads + i * dim;
     for (size_t d = 0; d < dim; ++d) {
@@ -491,53 +608,20 @@ void Table::update(const uint64_t* ids, size_t n, const float* grads) {
       }
     }
   }
-  // Coalesce: distinct ids in increasing order, each with the sum of its gradients in batch order.
-  std::vector<size_t> order(n);
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a] < ids[b]; });
-  std::vector<uint64_t> distinct;
-  distinct.reserve(n);
-  std::vector<float> sums;
-  for (size_t k = 0; k < n;) {
-    const uint64_t row_id = ids[order[k]];
-    const size_t base = sums.size();
-    sums.insert(sums.end(), grads + order[k] * dim, grads + (order[k] + 1) * dim);
-    bool summed = false;
-    for (++k; k < n && ids[order[k]] == row_id; ++k) {
-      const float* row = grads + order[k] * dim;
-      for (size_t d = 0; d < dim; ++d) sums[base + d] += row[d];
-      summed = true;
-    }
-    if (summed) {
-      for (size_t d = 0; d < dim; ++d) {
-        if (!std::isfinite(sums[base + d])) {
-          throw StoreError(ErrorCode::InvalidArgument,
-                           "update of table " + std::to_string(id_) + " refused: the summed gradient of row id " +
-                               std::to_string(row_id) + " overflows to inf at column " + std::to_string(d) +
-                               "; nothing was applied");
-        }
-      }
-    }
-    distinct.push_back(row_id);
-  }
+}
 
-  const uint64_t step = step_.fetch_add(1) + 1;
-  const RowUpdate rule(optimizer_, step, dim_);
-  const size_t m = distinct.size();
-  const ShardRoute route(distinct.data(), m);
-  for (size_t s = 0; s < kNumShards; ++s) {
-    const size_t begin = route.begin(s);
-    const size_t end = route.end(s);
-    if (begin == end) continue;
-    Shard& shard = shards_[s];
-    std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (size_t entry = begin; entry < end; ++entry) {
-      const size_t position = route.position(entry);
-      float* record = materialize(shard, distinct[position], route.hash(entry));
-      rule.apply(record, record + dim_, sums.data() + position * dim);
-    }
-  }
-  updates_.fetch_add(m, std::memory_order_relaxed);
+void Table::apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule) {
+  if (rows.empty()) return;
+  std::unique_lock<std::shared_mutex> lock(shard.mutex);
+  const size_t record_bytes = size_t{record_floats_} * sizeof(float);
+  const size_t grad_bytes = size_t{dim_} * sizeof(float);
+  for_each_prefetched(
+      shard.rows, rows.size(), record_bytes, [&](size_t k) { return rows[k].hash; },
+      [&](size_t k) { prefetch_range(rows[k].grad, grad_bytes); },
+      [&](size_t k) {
+        float* record = materialize(shard, rows[k].id, rows[k].hash);
+        rule.apply(record, record + dim_, rows[k].grad);
+      });
 }
 
 uint32_t Table::gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const {

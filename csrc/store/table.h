@@ -16,9 +16,12 @@
 // kNumShards sub-shards (shard_route.h), each guarded by a reader-writer lock; a row is only copied in
 // or out under its sub-shard's lock, so no reader sees a torn row and no write is lost. Batches take
 // each sub-shard's lock once, so a large write blocks readers of one sub-shard at a time, for a
-// 1/kNumShards share of the batch, rather than the whole table for all of it. Whole-table operations
-// (set_init, set_optimizer, install, scan) hold every sub-shard's lock, so they are atomic with
-// respect to batches.
+// 1/kNumShards share of the batch, rather than the whole table for all of it. (gather_pooled is the
+// exception: to pool straight from the rows, in bag order, it holds the read locks of all the
+// sub-shards of a block of about a thousand ids at once, so a writer may wait for such a block.)
+// Whole-table operations (set_init, set_optimizer, install, scan) hold every sub-shard's lock, so
+// they are atomic with respect to batches. A large update spreads its sub-shards over the machine's
+// cores, each sub-shard updated by one thread under its lock.
 //
 // Errors: every argument is validated before anything changes, so an error such as an out-of-range id
 // anywhere in a batch leaves the table untouched. The exception is StoreError(Full) — memory
@@ -38,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "coalesce.h"
 #include "embedding_bag.h"
 #include "init_rule.h"
 #include "optimizer.h"
@@ -162,7 +166,8 @@ class Table {
 
   // Applies one optimizer step: grads is n * dim floats, row i of it the gradient of row ids[i].
   // Duplicate ids are summed first, then every distinct row moves once (rows not materialized are
-  // materialized first: the update applies to the init value). Validated before anything changes:
+  // materialized first: the update applies to the init value). A large batch runs on several threads
+  // (task_runner.h), the caller's included. Validated before anything changes:
   // ids in range (OutOfRange), an optimizer attached and every gradient (and every summed gradient)
   // finite — a nan or inf is refused with StoreError(InvalidArgument) naming the first bad row, and
   // then no row, no state and not the step changes. Updates run concurrently with each other and
@@ -202,9 +207,18 @@ class Table {
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
   void write_rows(const uint64_t* ids, size_t n, const std::byte* rows);
+  // gather_pooled's fast path for one block of bags: pools straight from the rows, under the read
+  // locks of all their sub-shards. Returns false, having changed nothing, if some row is not
+  // materialized. block_ids are the bags' ids but the skipped ones; rows is scratch of their size.
+  bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
+                     std::vector<const float*>& rows, float* out, int64_t* max_positions) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash) const;
+  // update's halves: throws unless every gradient is finite (naming the first bad one in batch order);
+  // applies one sub-shard's coalesced gradients under its lock.
+  void check_gradients(const uint64_t* ids, size_t n, const float* grads, size_t threads) const;
+  void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards();
   void check_record_floats(uint64_t state_floats) const;
 

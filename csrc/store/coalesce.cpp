@@ -1,0 +1,90 @@
+#include "coalesce.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "task_runner.h"
+
+namespace recdev::store {
+namespace {
+
+constexpr uint32_t kNoRow = ~uint32_t{0};
+
+size_t map_capacity_for(size_t count) {
+  size_t capacity = 16;
+  while (capacity < 2 * count) capacity *= 2;  // load factor <= 0.5: probes stay short
+  return capacity;
+}
+
+}  // namespace
+
+CoalescedGradients::CoalescedGradients(const uint64_t* ids, size_t n, const float* grads, uint32_t dim,
+                                       size_t threads) {
+  const ShardRoute route(ids, n);
+  run_tasks(kNumShards, threads, [&](size_t shard) { coalesce_shard(route, shard, ids, grads, dim); });
+}
+
+void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
+                                        const float* grads, uint32_t dim) {
+  const size_t begin = route.begin(shard);
+  const size_t end = route.end(shard);
+  if (begin == end) return;
+  Shard& out = shards_[shard];
+  out.rows.reserve(end - begin);
+  // row -> index of its sum in out.sums, for the rows named more than once. Sums are addressed by
+  // index while they are being added up, since out.sums moves as it grows.
+  std::vector<uint32_t> sum_of;
+  sum_of.reserve(end - begin);
+  // Open addressing on the hash's low bits (the sub-shard took its high bits): row id -> row index.
+  std::vector<uint32_t> map(map_capacity_for(end - begin), kNoRow);
+  const size_t mask = map.size() - 1;
+  for (size_t entry = begin; entry < end; ++entry) {
+    const size_t position = route.position(entry);
+    const uint64_t row_id = ids[position];
+    const float* grad = grads + position * dim;
+    for (size_t bucket = route.hash(entry) & mask;; bucket = (bucket + 1) & mask) {
+      const uint32_t row = map[bucket];
+      if (row == kNoRow) {
+        map[bucket] = uint32_t(out.rows.size());
+        out.rows.push_back(Row{row_id, route.hash(entry), grad});
+        sum_of.push_back(kNoRow);
+        break;
+      }
+      if (out.rows[row].id != row_id) continue;
+      // Entries come in batch order, so the sum starts from the first gradient and adds the others in
+      // turn.
+      if (sum_of[row] == kNoRow) {
+        sum_of[row] = uint32_t(out.sums.size() / dim);
+        out.sums.insert(out.sums.end(), out.rows[row].grad, out.rows[row].grad + dim);
+      }
+      float* sum = out.sums.data() + size_t{sum_of[row]} * dim;
+      for (uint32_t d = 0; d < dim; ++d) sum[d] += grad[d];
+      break;
+    }
+  }
+  for (size_t row = 0; row < out.rows.size(); ++row) {
+    if (sum_of[row] == kNoRow) continue;
+    const float* sum = out.sums.data() + size_t{sum_of[row]} * dim;
+    out.rows[row].grad = sum;
+    const float* bad = std::find_if(sum, sum + dim, [](float value) { return !std::isfinite(value); });
+    if (bad != sum + dim && (!out.overflow || out.rows[row].id < out.overflow->row_id)) {
+      out.overflow = Overflow{out.rows[row].id, uint32_t(bad - sum)};
+    }
+  }
+}
+
+size_t CoalescedGradients::size() const {
+  size_t total = 0;
+  for (const Shard& shard : shards_) total += shard.rows.size();
+  return total;
+}
+
+std::optional<CoalescedGradients::Overflow> CoalescedGradients::first_overflow() const {
+  std::optional<Overflow> first;
+  for (const Shard& shard : shards_) {
+    if (shard.overflow && (!first || shard.overflow->row_id < first->row_id)) first = shard.overflow;
+  }
+  return first;
+}
+
+}  // namespace recdev::store

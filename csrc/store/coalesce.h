@@ -1,0 +1,58 @@
+// CoalescedGradients: the gradients of one Table::update, summed per distinct row and grouped by
+// sub-shard, ready to be applied one sub-shard at a time.
+//
+// Duplicates are found per sub-shard with a small open-addressing map rather than by sorting the
+// batch: a sub-shard's share of a batch is small enough for its map to stay in cache, and sub-shards
+// are independent, so they coalesce in parallel. A row's gradients are summed in float32 in batch
+// order (optimizer.h); a row named once keeps pointing at the caller's gradient, so only duplicates
+// are copied.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "shard_route.h"
+
+namespace recdev::store {
+
+class CoalescedGradients {
+ public:
+  struct Row {
+    uint64_t id;
+    uint64_t hash;      // hash_row_id(id)
+    const float* grad;  // dim floats: the caller's gradient row, or the sum of the row's gradients
+  };
+
+  // A summed gradient that is not finite: the row and its first column that is not.
+  struct Overflow {
+    uint64_t row_id;
+    uint32_t column;
+  };
+
+  // ids and grads as Table::update takes them (n ids, n * dim floats, which must outlive this
+  // object); the work is spread over `threads` threads.
+  CoalescedGradients(const uint64_t* ids, size_t n, const float* grads, uint32_t dim, size_t threads);
+
+  // The distinct rows of a sub-shard, in the order of their first occurrence in the batch.
+  const std::vector<Row>& rows(size_t shard) const { return shards_[shard].rows; }
+  size_t size() const;  // distinct rows in all
+
+  // The overflowing sum with the smallest row id, if any: a sum of finite gradients can still be inf.
+  std::optional<Overflow> first_overflow() const;
+
+ private:
+  struct Shard {
+    std::vector<Row> rows;
+    std::vector<float> sums;  // dim floats per row named more than once
+    std::optional<Overflow> overflow;
+  };
+
+  void coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids, const float* grads, uint32_t dim);
+
+  std::array<Shard, kNumShards> shards_;
+};
+
+}  // namespace recdev::store

@@ -1,0 +1,18 @@
+// Optional x86 instruction sets, detected at run time: the build targets baseline x86-64, so a kernel
+// that needs more (compiled with a target attribute) runs only where cpu_has_avx2_fma() says so, and
+// a portable version runs elsewhere.
+#pragma once
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RECDEV_STORE_AVX2_KERNELS 1
+#define RECDEV_STORE_AVX2_FMA __attribute__((target("avx2,fma")))
+
+namespace recdev::store {
+
+inline bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+}  // namespace recdev::store
+#endif
