@@ -18,7 +18,10 @@ enum class ErrorCode : uint8_t {
   NotFound = 3,         // an unknown table id or name
   Corrupt = 4,          // a checkpoint file that is damaged, truncated or does not match
   Io = 5,               // the operating system refused a file operation
-  Full = 6,             // out of memory, or a shard reached its row capacity
+  Full = 6,             // out of memory, or a shard reached its row capacity (--max-memory)
+  Unavailable = 7,      // a server could not be reached or did not answer within the timeout
+  PermissionDenied = 8, // a wrong or missing token
+  Protocol = 9,         // a malformed frame, a wrong protocol version, an unknown opcode
 };
 
 class StoreError : public std::runtime_error {

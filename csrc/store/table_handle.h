@@ -1,0 +1,81 @@
+// TableHandle and StoreClient: what the device needs of a table and of a store, wherever the rows
+// live — in this process (LocalTable / EmbeddedStoreClient over store::Store, local_store.h), or on
+// recdev-server shards (net::RemoteStoreClient, csrc/net/remote_store.h).
+//
+// Every method keeps the meaning, the validation and the error codes of the store::Table method of
+// the same name (table.h): an implementation that talks to servers validates ids, offsets and
+// gradients before sending, so a bad batch fails with the same StoreError code and changes nothing,
+// and reports transport failures as StoreError(Unavailable) naming the server and the operation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "table.h"
+
+namespace recdev::store {
+
+class TableHandle {
+ public:
+  virtual ~TableHandle() = default;
+
+  // Unique among the live tables of one StoreClient (diagnostics, not routing).
+  virtual uint64_t id() const = 0;
+  virtual TableConfig config() const = 0;
+  virtual uint64_t init_stream() const = 0;
+
+  virtual void set_init(const InitRule& rule) = 0;
+  virtual void gather(const uint64_t* ids, size_t n, float* out) = 0;
+  // Like gather, but rows that are not materialized are computed from the init rule and stay
+  // unmaterialized (what copies of a table to CPU use).
+  virtual void peek(const uint64_t* ids, size_t n, float* out) const = 0;
+  virtual void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                             PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                             int64_t padding_idx, float* out, int64_t* max_positions) = 0;
+  virtual void write(const uint64_t* ids, size_t n, const float* rows) = 0;
+  virtual void read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const = 0;
+  virtual void write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) = 0;
+  virtual void check_byte_range(uint64_t byte_offset, uint64_t nbytes) const = 0;
+  virtual void exists(const uint64_t* ids, size_t n, uint8_t* out) const = 0;
+  virtual void erase(const uint64_t* ids, size_t n) = 0;
+  virtual TableStats stats() const = 0;
+
+  virtual void set_optimizer(const OptimizerConfig& config) = 0;
+  virtual OptimizerConfig optimizer() const = 0;
+  virtual void set_learning_rate(double lr) = 0;
+  virtual uint64_t optimizer_step() const = 0;
+  virtual void set_optimizer_step(uint64_t step) = 0;
+  virtual void update(const uint64_t* ids, size_t n, const float* grads) = 0;
+  virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
+};
+
+class StoreClient {
+ public:
+  virtual ~StoreClient() = default;
+
+  // A new anonymous table, owned by the caller: freed by free_table, or (remote) when this client's
+  // session lease lapses. init_stream as in Store::create_table.
+  virtual std::shared_ptr<TableHandle> create_table(const TableConfig& config,
+                                                    std::optional<uint64_t> init_stream) = 0;
+  // The named table, created with `config` if it does not exist (Store::create_named_table).
+  virtual std::shared_ptr<TableHandle> named_table(const std::string& name, const TableConfig& config) = 0;
+  virtual std::optional<std::shared_ptr<TableHandle>> find(const std::string& name) = 0;
+  // Frees an anonymous table created by create_table. Must not throw (called from storage deleters):
+  // an unreachable server is left to free it when the session lease lapses.
+  virtual void free_table(TableHandle& table) noexcept = 0;
+
+  // Every named table with its optimizer state to / from one checkpoint file on this machine, in the
+  // format of checkpoint.h. load returns the names loaded.
+  virtual void save(const std::string& path) = 0;
+  virtual std::vector<std::string> load(const std::string& path) = 0;
+
+  // "embedded", or "remote"; the servers (empty when embedded).
+  virtual std::string kind() const = 0;
+  virtual std::vector<std::string> servers() const = 0;
+};
+
+}  // namespace recdev::store
