@@ -1,7 +1,9 @@
 // Autograd for embedding lookups (DESIGN.md, "Backward"). On a table with a
-// fused optimizer, backward turns the output gradient into per-row gradients
-// and sends them to the store in one update, where duplicates are summed and
-// the optimizer runs; the weight gets no .grad. A table without one is an
+// fused optimizer, backward sends the output gradient to the store in one
+// update, where duplicates are summed and the optimizer runs; the weight gets
+// no .grad. Sum and mean bags send their bag gradients as they are (the store
+// spreads them over the bags' ids); max bags and scale_grad_by_freq send a
+// gradient row per id. A table without one is an
 // error at backward that names the fused optimizers: the alternative, a dense
 // gradient of the whole table, is what lazy tables exist to avoid. Host
 // weights get PyTorch's own gradients (the formulas of derivatives.yaml).
@@ -43,9 +45,8 @@ store::Table& table_of(const at::Tensor& weight) {
   return *device::table_block(weight.storage())->table;
 }
 
-// Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the
-// table's optimizer.
-void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, const at::Tensor& grads) {
+// The table of `weight`, which must have a fused optimizer to take a gradient.
+store::Table& trained_table(const at::Tensor& weight) {
   store::Table& table = table_of(weight);
   TORCH_CHECK(
       table.optimizer().kind != store::OptimizerKind::None,
@@ -53,6 +54,13 @@ void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, co
       "its gradient (a dense gradient would be as large as the whole table). Attach one before training: "
       "torch_recdev.optim.SGD / Adagrad / RowWiseAdagrad / Adam([weight], lr=...), or "
       "torch_recdev.optim.apply_optimizer_in_backward(torch.optim.Adagrad, [weight], {\"lr\": ...}).");
+  return table;
+}
+
+// Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the
+// table's optimizer.
+void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, const at::Tensor& grads) {
+  store::Table& table = trained_table(weight);
   // An empty update still counts as a step (Adam's bias correction and
   // Adagrad's lr_decay follow the step count, as in torch).
   const at::Tensor g = grads.to(at::kFloat).contiguous();
@@ -165,7 +173,8 @@ struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
 };
 
 // Per-id gradient rows of an embedding_bag: row p gets the gradient of its
-// bag, scaled as the mode pooled it.
+// bag, scaled as the mode pooled it (for the bags the store cannot take as
+// bag gradients: max, and scale_grad_by_freq).
 at::Tensor bag_row_grads(
     const at::Tensor& grad,
     const at::Tensor& offset2bag,
@@ -200,6 +209,32 @@ at::Tensor bag_row_grads(
   return rows;
 }
 
+// Sum and mean bags: the store spreads each bag's gradient over the bag's
+// ids itself while it sums duplicates, so no gradient row per id is
+// written out here (a quarter of the bytes at bags of 4, and no more as bags
+// grow).
+void update_from_bag_grads(
+    const at::Tensor& weight,
+    uint64_t first_row,
+    const std::vector<uint64_t>& rows,
+    const at::Tensor& offsets,
+    const at::Tensor& grad,
+    const at::Tensor& per_sample_weights,
+    int64_t mode,
+    bool include_last_offset,
+    int64_t padding_idx) {
+  store::Table& table = trained_table(weight);
+  const at::Tensor bag_grads = device::CpuAccess(grad, "embedding_bag backward").cpu().to(at::kFloat).contiguous();
+  const at::Tensor bag_offsets = on_cpu(offsets).to(at::kLong).contiguous();
+  const at::Tensor weights =
+      per_sample_weights.defined() ? on_cpu(per_sample_weights).to(at::kFloat).contiguous() : at::Tensor();
+  table.update_pooled(
+      rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(), static_cast<size_t>(bag_grads.size(0)),
+      static_cast<store::PoolingMode>(mode), weights.defined() ? weights.const_data_ptr<float>() : nullptr,
+      include_last_offset, padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx,
+      bag_grads.const_data_ptr<float>());
+}
+
 struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
   static variable_list forward(
       AutogradContext* ctx,
@@ -225,6 +260,7 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
     ctx->saved_data["scale_grad_by_freq"] = scale_grad_by_freq;
     ctx->saved_data["sparse"] = sparse;
     ctx->saved_data["padding_idx"] = padding_idx;
+    ctx->saved_data["include_last_offset"] = include_last_offset;
     ctx->mark_non_differentiable({offset2bag, bag_size, max_indices});
     return {out, offset2bag, bag_size, max_indices};
   }
@@ -255,12 +291,18 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
     const auto first = first_gatherable_row(weight);
     TORCH_INTERNAL_ASSERT(first.has_value());
     std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward");
+    const bool scale_grad_by_freq = ctx->saved_data["scale_grad_by_freq"].toBool();
+    if (mode != 2 && !scale_grad_by_freq) {
+      update_from_bag_grads(weight, *first, rows, offsets, grad, per_sample_weights, mode,
+                            ctx->saved_data["include_last_offset"].toBool(), padding_idx);
+      return {{}, {}, {}, {}, {}, {}, grad_per_sample_weights, {}, {}};
+    }
     const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
     at::Tensor grads = bag_row_grads(
         device::CpuAccess(grad, "embedding_bag backward").cpu(), on_cpu(offset2bag), on_cpu(bag_size),
         on_cpu(max_indices), ids,
         per_sample_weights.defined() ? on_cpu(per_sample_weights) : at::Tensor(), mode);
-    if (ctx->saved_data["scale_grad_by_freq"].toBool()) {
+    if (scale_grad_by_freq) {
       grads = scale_by_frequency(grads, rows);
     }
     drop_padding(rows, grads, *first, padding_idx);

@@ -18,14 +18,14 @@ size_t map_capacity_for(size_t count) {
 
 }  // namespace
 
-CoalescedGradients::CoalescedGradients(const uint64_t* ids, size_t n, const float* grads, uint32_t dim,
+CoalescedGradients::CoalescedGradients(const uint64_t* ids, size_t n, const float* const* grads, uint32_t dim,
                                        size_t threads) {
   const ShardRoute route(ids, n);
   run_tasks(kNumShards, threads, [&](size_t shard) { coalesce_shard(route, shard, ids, grads, dim); });
 }
 
 void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
-                                        const float* grads, uint32_t dim) {
+                                        const float* const* grads, uint32_t dim) {
   const size_t begin = route.begin(shard);
   const size_t end = route.end(shard);
   if (begin == end) return;
@@ -41,7 +41,7 @@ void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, c
   for (size_t entry = begin; entry < end; ++entry) {
     const size_t position = route.position(entry);
     const uint64_t row_id = ids[position];
-    const float* grad = grads + position * dim;
+    const float* grad = grads[position];
     for (size_t bucket = route.hash(entry) & mask;; bucket = (bucket + 1) & mask) {
       const uint32_t row = map[bucket];
       if (row == kNoRow) {

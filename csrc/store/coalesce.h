@@ -4,8 +4,8 @@
 // Duplicates are found per sub-shard with a small open-addressing map rather than by sorting the
 // batch: a sub-shard's share of a batch is small enough for its map to stay in cache, and sub-shards
 // are independent, so they coalesce in parallel. A row's gradients are summed in float32 in batch
-// order (optimizer.h); a row named once keeps pointing at the caller's gradient, so only duplicates
-// are copied.
+// order (optimizer.h); a row named once keeps pointing at the caller's gradient row, so only
+// duplicates are copied.
 #pragma once
 
 #include <array>
@@ -32,9 +32,9 @@ class CoalescedGradients {
     uint32_t column;
   };
 
-  // ids and grads as Table::update takes them (n ids, n * dim floats, which must outlive this
-  // object); the work is spread over `threads` threads.
-  CoalescedGradients(const uint64_t* ids, size_t n, const float* grads, uint32_t dim, size_t threads);
+  // n ids and their gradient rows: grads[i], dim floats, is the gradient of ids[i] (rows may be shared
+  // between ids, and must outlive this object). The work is spread over `threads` threads.
+  CoalescedGradients(const uint64_t* ids, size_t n, const float* const* grads, uint32_t dim, size_t threads);
 
   // The distinct rows of a sub-shard, in the order of their first occurrence in the batch.
   const std::vector<Row>& rows(size_t shard) const { return shards_[shard].rows; }
@@ -50,7 +50,8 @@ class CoalescedGradients {
     std::optional<Overflow> overflow;
   };
 
-  void coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids, const float* grads, uint32_t dim);
+  void coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids, const float* const* grads,
+                      uint32_t dim);
 
   std::array<Shard, kNumShards> shards_;
 };

@@ -7,6 +7,7 @@
 
 #include "coalesce.h"
 #include "errors.h"
+#include "pooled_gradients.h"
 #include "prefetch.h"
 #include "task_runner.h"
 
@@ -563,6 +564,23 @@ void Table::set_optimizer_step(uint64_t step) {
 
 void Table::update(const uint64_t* ids, size_t n, const float* grads) {
   check_ids(ids, n);
+  std::vector<const float*> rows(n);
+  for (size_t i = 0; i < n; ++i) rows[i] = grads + i * size_t{dim_};
+  apply_gradients(ids, n, rows.data(), grads, n * size_t{dim_});
+}
+
+void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                          PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                          int64_t padding_idx, const float* bag_grads) {
+  const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
+  validate_embedding_bag(bag, num_rows_);
+  check_ids(ids, num_ids);
+  const PooledGradients gradients(bag, bag_grads, dim_);
+  apply_gradients(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(), gradients.value_count());
+}
+
+void Table::apply_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
+                            size_t value_count) {
   std::shared_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
   if (optimizer_.kind == OptimizerKind::None) {
     throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
@@ -570,7 +588,7 @@ void Table::update(const uint64_t* ids, size_t n, const float* grads) {
                                                      optimizer_names() + ") before update");
   }
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
-  check_gradients(ids, n, grads, threads);
+  check_gradients(ids, n, grads, values, value_count, threads);
   const CoalescedGradients coalesced(ids, n, grads, dim_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument,
@@ -585,19 +603,22 @@ void Table::update(const uint64_t* ids, size_t n, const float* grads) {
   updates_.fetch_add(coalesced.size(), std::memory_order_relaxed);
 }
 
-void Table::check_gradients(const uint64_t* ids, size_t n, const float* grads, size_t threads) const {
+void Table::check_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
+                            size_t value_count, size_t threads) const {
   const size_t dim = dim_;
-  const size_t num_chunks = (n + kFiniteCheckRows - 1) / kFiniteCheckRows;
+  const size_t chunk_floats = kFiniteCheckRows * dim;
+  const size_t num_chunks = (value_count + chunk_floats - 1) / chunk_floats;
   std::atomic<bool> all_ok{true};
   run_tasks(num_chunks, threads, [&](size_t chunk) {
-    const size_t first = chunk * kFiniteCheckRows;
-    const size_t rows = std::min(kFiniteCheckRows, n - first);
-    if (!all_finite(grads + first * dim, rows * dim)) all_ok.store(false, std::memory_order_relaxed);
+    const size_t first = chunk * chunk_floats;
+    if (!all_finite(values + first, std::min(chunk_floats, value_count - first))) {
+      all_ok.store(false, std::memory_order_relaxed);
+    }
   });
   if (all_ok.load()) return;
-  // Name the first bad value in batch order.
+  // Name the first bad value in batch order (a bad value no id's row holds is harmless).
   for (size_t i = 0; i < n; ++i) {
-    const float* row = grads + i * dim;
+    const float* row = grads[i];
     for (size_t d = 0; d < dim; ++d) {
       if (!std::isfinite(row[d])) {
         throw StoreError(ErrorCode::InvalidArgument,

@@ -175,6 +175,17 @@ class Table {
   // wait for the updates in progress.
   void update(const uint64_t* ids, size_t n, const float* grads);
 
+  // update() with the gradient of an embedding_bag's output (pooled_gradients.h): bag_grads is
+  // num_bags * dim floats, and each id of the bags (the layout and arguments of gather_pooled) gets
+  // its bag's gradient as the mode scaled it — Sum (times its per-sample weight, if any) or Mean;
+  // Max is refused with StoreError(InvalidArgument). Ids equal to padding_idx get none. The same
+  // step, bit for bit, as update() with those per-id rows, without writing them out; validated the
+  // same way (the bags as gather_pooled validates them, too), and a non-finite gradient names the
+  // first id, counted among the ids that get one, whose gradient holds it.
+  void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
+                     const float* bag_grads);
+
   // The optimizer state of each row: out is resized to n * state_floats (the returned width), row i
   // the state of ids[i]. A row that is not materialized gives the initial state and stays so.
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const;
@@ -215,9 +226,14 @@ class Table {
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash) const;
-  // update's halves: throws unless every gradient is finite (naming the first bad one in batch order);
-  // applies one sub-shard's coalesced gradients under its lock.
-  void check_gradients(const uint64_t* ids, size_t n, const float* grads, size_t threads) const;
+  // check_gradients throws unless every gradient is finite (naming the first bad one in batch order);
+  // apply_update applies one sub-shard's coalesced gradients under its lock.
+  // apply_gradients: update's core, for n ids with their gradient rows; every row's floats are among
+  // the value_count floats at values, which the finite check reads.
+  void apply_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
+                       size_t value_count);
+  void check_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
+                       size_t value_count, size_t threads) const;
   void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards();
   void check_record_floats(uint64_t state_floats) const;
