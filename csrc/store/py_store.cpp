@@ -87,23 +87,34 @@ py::array_t<float> gather(Table& table, const IdArray& ids) {
   return out;
 }
 
+// The shapes of gather_pooled's and update_pooled's bag arguments.
+struct BagArrays {
+  size_t num_bags;
+  const float* weights;  // or null
+};
+
+BagArrays bag_arrays(const IdArray& ids, const OffsetArray& offsets,
+                     const std::optional<FloatArray>& per_sample_weights, bool include_last_offset) {
+  if (offsets.ndim() != 1) throw py::value_error("offsets must be a 1-D array");
+  if (include_last_offset && offsets.size() == 0) {
+    throw py::value_error("include_last_offset needs at least one offset");
+  }
+  const float* weights = nullptr;
+  if (per_sample_weights) {
+    if (per_sample_weights->ndim() != 1 || per_sample_weights->size() != ids.size()) {
+      throw py::value_error("per_sample_weights must be a 1-D array with one weight per id");
+    }
+    weights = per_sample_weights->data();
+  }
+  return {size_t(offsets.size()) - (include_last_offset ? 1 : 0), weights};
+}
+
 py::tuple gather_pooled(Table& table, const IdArray& ids, const OffsetArray& offsets, PoolingMode mode,
                         const std::optional<FloatArray>& per_sample_weights, bool include_last_offset,
                         int64_t padding_idx) {
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
-  if (offsets.ndim() != 1) throw py::value_error("offsets must be a 1-D array");
-  if (include_last_offset && offsets.size() == 0) {
-    throw py::value_error("include_last_offset needs at least one offset");
-  }
-  const size_t num_bags = size_t(offsets.size()) - (include_last_offset ? 1 : 0);
-  const float* weights = nullptr;
-  if (per_sample_weights) {
-    if (per_sample_weights->ndim() != 1 || size_t(per_sample_weights->size()) != n) {
-      throw py::value_error("per_sample_weights must be a 1-D array with one weight per id");
-    }
-    weights = per_sample_weights->data();
-  }
+  const auto [num_bags, weights] = bag_arrays(ids, offsets, per_sample_weights, include_last_offset);
   const uint32_t dim = table.config().dim;
   py::array_t<float> out({py::ssize_t(num_bags), py::ssize_t(dim)});
   py::object max_positions = py::none();
@@ -183,6 +194,23 @@ void update(Table& table, const IdArray& ids, const FloatArray& grads) {
   const float* grads_ptr = grads.data();
   py::gil_scoped_release release;
   table.update(id_ptr, n, grads_ptr);
+}
+
+void update_pooled(Table& table, const IdArray& ids, const OffsetArray& offsets, const FloatArray& bag_grads,
+                   PoolingMode mode, const std::optional<FloatArray>& per_sample_weights, bool include_last_offset,
+                   int64_t padding_idx) {
+  const uint64_t* id_ptr = id_data(ids);
+  const size_t n = size_t(ids.size());
+  const auto [num_bags, weights] = bag_arrays(ids, offsets, per_sample_weights, include_last_offset);
+  const uint32_t dim = table.config().dim;
+  if (bag_grads.ndim() != 2 || size_t(bag_grads.shape(0)) != num_bags || size_t(bag_grads.shape(1)) != dim) {
+    throw py::value_error("bag_grads must have shape (" + std::to_string(num_bags) + ", " + std::to_string(dim) +
+                          ") — one row of dim floats per bag");
+  }
+  const int64_t* offset_ptr = offsets.data();
+  const float* grads_ptr = bag_grads.data();
+  py::gil_scoped_release release;
+  table.update_pooled(id_ptr, n, offset_ptr, num_bags, mode, weights, include_last_offset, padding_idx, grads_ptr);
 }
 
 py::array_t<float> gather_state(const Table& table, const IdArray& ids) {
@@ -382,6 +410,11 @@ void bind_tables(py::module_& s) {
       .def("set_optimizer_step", &Table::set_optimizer_step, py::arg("step"), py::call_guard<py::gil_scoped_release>())
       .def("update", &update, py::arg("ids"), py::arg("grads"),
            "One optimizer step: grads is (len(ids), dim); duplicate ids are summed first.")
+      .def("update_pooled", &update_pooled, py::arg("ids"), py::arg("offsets"), py::arg("bag_grads"),
+           py::arg("mode") = PoolingMode::Sum, py::arg("per_sample_weights") = py::none(),
+           py::arg("include_last_offset") = false, py::arg("padding_idx") = -1,
+           "One optimizer step from the gradient of gather_pooled's output: bag_grads is (num_bags, dim); "
+           "each id gets its bag's gradient as the mode scaled it (Sum, Mean).")
       .def("gather_state", &gather_state, py::arg("ids"),
            "The optimizer state of the rows, (len(ids), state_floats); does not materialize.");
 

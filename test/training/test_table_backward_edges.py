@@ -43,6 +43,33 @@ def test_embedding_bag_scale_grad_by_freq_on_a_table_divides_by_id_frequency():
     torch.testing.assert_close(w.detach().cpu(), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode, with_weights", [("sum", False), ("sum", True), ("mean", False)])
+def test_bag_padding_idx_and_include_last_offset_train_like_cpu(mode, with_weights):
+    """Sum and mean bags reach the store as bag gradients (Table::update_pooled): padding ids, an
+    empty bag and include_last_offset must still give torch's sparse Adagrad step."""
+    w = _table()
+    ref = torch.nn.EmbeddingBag(40, 4, mode=mode, padding_idx=2, include_last_offset=True, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(w.detach().cpu())
+    optim.Adagrad([w], lr=0.1)
+    ref_opt = torch.optim.Adagrad(ref.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 0, 3, 10, 17, 30])  # an empty bag; the last offset ends the last bag
+    for _ in range(4):
+        ids = torch.randint(0, 8, (30,), generator=gen)  # few distinct ids: duplicates across bags
+        ids[::4] = 2
+        psw = torch.rand(30, generator=gen) if with_weights else None
+        grad = torch.randn(5, 4, generator=gen)
+        out = F.embedding_bag(ids, w, offsets, mode=mode, per_sample_weights=psw, include_last_offset=True,
+                              padding_idx=2)
+        (out.cpu() * grad).sum().backward()
+        ref_opt.zero_grad()
+        (ref(ids, offsets, per_sample_weights=psw) * grad).sum().backward()
+        ref_opt.step()
+    torch.testing.assert_close(w.detach().cpu(), ref.weight.detach(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(w.detach().cpu()[2], ref.weight.detach()[2])  # the padding row never moved
+
+
 def test_per_sample_weights_gradient_on_a_huge_table_reads_only_its_rows():
     emb = torch.nn.EmbeddingBag(10**10, 8, mode="sum", device="recdev")
     optim.SGD([emb.weight], lr=0.1)
