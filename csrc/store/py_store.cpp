@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint.h"
+#include "chunk_pool.h"
 #include "errors.h"
 #include "init_rule.h"
 #include "optimizer.h"
@@ -351,6 +352,8 @@ void bind_optimizers(py::module_& s) {
       .def("__repr__", [](const OptimizerConfig& config) { return describe(config); });
 
   s.def("optimizer_state_floats", &optimizer_state_floats, py::arg("kind"), py::arg("dim"));
+  s.def("pooled_chunk_slack_bytes", &pooled_chunk_slack_bytes,
+        "Bytes the process-wide chunk pool holds beyond the chunks tables use (chunk_pool.h).");
   s.def("validate_optimizer", &validate_optimizer, py::arg("config"));
 }
 

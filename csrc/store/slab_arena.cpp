@@ -65,7 +65,9 @@ size_t SlabArena::chunk_rows(size_t chunk) const {
 size_t SlabArena::push_back() {
   if (size_ == chunk_start(chunks_.size())) {
     const size_t bytes = chunk_rows(chunks_.size()) * record_bytes_;
-    chunks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[bytes]));
+    // Room first, so that a chunk is never allocated and then dropped.
+    if (chunks_.size() == chunks_.capacity()) chunks_.reserve(std::max<size_t>(4, 2 * chunks_.capacity()));
+    chunks_.push_back(allocate_chunk(bytes));
     chunk_bytes_ += bytes;
   }
   return size_++;

@@ -5,6 +5,8 @@
 // fragment. Chunks are allocated once and never move, so a record pointer stays valid until that
 // record is popped or the arena is cleared.
 //
+// Chunks come from chunk_pool.h (full-size ones on huge pages where the kernel allows).
+//
 // Chunk sizes grow geometrically up to a full-size chunk (8-16 KiB), then stay fixed:
 //   chunk 0: B records, chunk k (1 <= k < K): B * 2^(k-1) records, chunk k >= K: C records,
 // with C = B * 2^(K-1) a power of two. A tiny arena therefore holds a few KiB, not a full chunk, and
@@ -16,6 +18,8 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "chunk_pool.h"
 
 namespace recdev::store {
 
@@ -66,7 +70,7 @@ class SlabArena {
   size_t full_rows_;           // C
   size_t first_rows_;          // B
   size_t num_growing_chunks_;  // K
-  std::vector<std::unique_ptr<std::byte[]>> chunks_;
+  std::vector<ChunkPtr> chunks_;
   size_t size_ = 0;
   size_t chunk_bytes_ = 0;
 };

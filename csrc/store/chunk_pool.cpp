@@ -1,0 +1,168 @@
+#include "chunk_pool.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace recdev::store {
+namespace {
+
+constexpr size_t kRegionBytes = size_t{2} << 20;
+// Pooled chunk sizes: below, a chunk is a small arena's and operator new is as good; above, a region
+// would hold too few chunks for its unused tail to stay small.
+constexpr size_t kMinPooledBytes = size_t{4} << 10;
+constexpr size_t kMaxPooledBytes = size_t{64} << 10;
+
+struct Region {
+  std::byte* base;
+  size_t chunk_bytes;
+  size_t capacity;      // chunks that fit
+  size_t carved = 0;    // chunks handed out at least once: [0, carved)
+  size_t in_use = 0;
+  std::vector<size_t> free_slots;  // slots below `carved` handed back; capacity reserved up front
+  // The regions of one chunk size that have room, as an intrusive list (so that freeing a chunk
+  // never allocates).
+  Region* prev = nullptr;
+  Region* next = nullptr;
+  bool has_room() const { return !free_slots.empty() || carved < capacity; }
+};
+
+class Pool {
+ public:
+  std::byte* allocate(size_t chunk_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Region*& head = with_room_[chunk_bytes];
+    if (head == nullptr) link(head, map_region(chunk_bytes));
+    Region& region = *head;
+    size_t slot;
+    if (!region.free_slots.empty()) {
+      slot = region.free_slots.back();
+      region.free_slots.pop_back();
+    } else {
+      slot = region.carved++;
+    }
+    ++region.in_use;
+    slack_ -= chunk_bytes;
+    if (!region.has_room()) unlink(head, &region);
+    return region.base + slot * chunk_bytes;
+  }
+
+  // Returns false, doing nothing, for memory that is not the pool's.
+  bool release(std::byte* chunk) noexcept {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(chunk) & ~uintptr_t{kRegionBytes - 1};
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = regions_.find(base);
+    if (found == regions_.end()) return false;
+    Region& region = *found->second;
+    Region*& head = with_room_.find(region.chunk_bytes)->second;  // made by the region's first allocate
+    const bool was_listed = region.has_room();
+    --region.in_use;
+    slack_ += region.chunk_bytes;
+    if (region.in_use == 0) {
+      if (was_listed) unlink(head, &region);
+      slack_ -= kRegionBytes;
+      unmap(region.base);
+      regions_.erase(found);
+      return true;
+    }
+    region.free_slots.push_back(size_t(chunk - region.base) / region.chunk_bytes);
+    if (!was_listed) link(head, &region);
+    return true;
+  }
+
+  size_t slack() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return slack_;
+  }
+
+ private:
+  Region* map_region(size_t chunk_bytes) {
+    std::byte* base = map_aligned();
+    try {
+      auto region = std::make_unique<Region>();
+      region->base = base;
+      region->chunk_bytes = chunk_bytes;
+      region->capacity = kRegionBytes / chunk_bytes;
+      region->free_slots.reserve(region->capacity);
+      Region* result = region.get();
+      regions_.emplace(reinterpret_cast<uintptr_t>(base), std::move(region));
+      slack_ += kRegionBytes;
+      return result;
+    } catch (...) {
+      unmap(base);
+      throw;
+    }
+  }
+
+  static void link(Region*& head, Region* region) {
+    region->prev = nullptr;
+    region->next = head;
+    if (head != nullptr) head->prev = region;
+    head = region;
+  }
+
+  static void unlink(Region*& head, Region* region) {
+    (region->prev != nullptr ? region->prev->next : head) = region->next;
+    if (region->next != nullptr) region->next->prev = region->prev;
+    region->prev = region->next = nullptr;
+  }
+
+  static std::byte* map_aligned() {
+#if defined(__linux__)
+    // Twice the size, then the unaligned ends cut off: mmap only promises page alignment.
+    void* mapped = mmap(nullptr, 2 * kRegionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) throw std::bad_alloc();
+    const uintptr_t start = reinterpret_cast<uintptr_t>(mapped);
+    const uintptr_t aligned = (start + kRegionBytes - 1) & ~uintptr_t{kRegionBytes - 1};
+    if (aligned > start) munmap(mapped, aligned - start);
+    munmap(reinterpret_cast<void*>(aligned + kRegionBytes), start + kRegionBytes - aligned);
+    madvise(reinterpret_cast<void*>(aligned), kRegionBytes, MADV_HUGEPAGE);  // a hint: no THP is fine
+    return reinterpret_cast<std::byte*>(aligned);
+#else
+    return static_cast<std::byte*>(::operator new(kRegionBytes, std::align_val_t{kRegionBytes}));
+#endif
+  }
+
+  static void unmap(std::byte* base) noexcept {
+#if defined(__linux__)
+    munmap(base, kRegionBytes);
+#else
+    ::operator delete(base, std::align_val_t{kRegionBytes});
+#endif
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<uintptr_t, std::unique_ptr<Region>> regions_;  // by base address
+  std::unordered_map<size_t, Region*> with_room_;                   // by chunk size: list heads
+  size_t slack_ = 0;
+};
+
+Pool& pool() {
+  // Leaked on purpose: tables freed during static destruction still return their chunks.
+  static Pool* instance = new Pool();
+  return *instance;
+}
+
+bool pooled(size_t bytes) { return bytes >= kMinPooledBytes && bytes <= kMaxPooledBytes; }
+
+}  // namespace
+
+void ChunkDeleter::operator()(std::byte* chunk) const noexcept {
+  if (chunk != nullptr && !pool().release(chunk)) delete[] chunk;
+}
+
+ChunkPtr allocate_chunk(size_t bytes) {
+  if (pooled(bytes)) return ChunkPtr(pool().allocate(bytes));
+  return ChunkPtr(new std::byte[bytes]);
+}
+
+size_t pooled_chunk_slack_bytes() { return pool().slack(); }
+
+}  // namespace recdev::store
