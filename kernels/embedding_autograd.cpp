@@ -3,8 +3,8 @@
 // update, where duplicates are summed and the optimizer runs; the weight gets
 // no .grad. Sum and mean bags send their bag gradients as they are (the store
 // spreads them over the bags' ids); max bags and scale_grad_by_freq send a
-// gradient row per id. A table without one is an
-// error at backward that names the fused optimizers: the alternative, a dense
+// gradient row per id. A table without a fused optimizer is an error at
+// backward that names the fused optimizers: the alternative, a dense
 // gradient of the whole table, is what lazy tables exist to avoid. Host
 // weights get PyTorch's own gradients (the formulas of derivatives.yaml).
 //
