@@ -16,8 +16,9 @@ namespace {
 // The version of the snapshot dict below; a file with another is refused.
 constexpr int64_t kSnapshotFormat = 1;
 
+// Whole, and its bytes are its values: no lazy conjugate or negative bit to resolve while copying.
 bool is_whole_table(const at::Tensor& t) {
-  return is_table(t) && t.storage_offset() == 0 && t.is_contiguous() &&
+  return is_table(t) && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && t.is_contiguous() &&
       static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
 }
 

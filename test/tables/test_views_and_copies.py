@@ -334,3 +334,12 @@ def test_torch_save_of_small_table_roundtrips(small):
     buffer.seek(0)
     loaded = torch.load(buffer, map_location="cpu")
     assert torch.equal(loaded, ref)
+
+
+def test_whole_table_copy_resolves_conjugate_and_negative_bits(to_placement):
+    values = torch.randn(6, 4, dtype=torch.complex64)
+    src = to_placement(values, "table")
+    for view, expected in ((src.conj(), values.conj()), (torch._neg_view(src), -values)):
+        dst = to_placement(torch.zeros(6, 4, dtype=torch.complex64), "table")
+        dst.copy_(view)
+        assert torch.equal(dst.cpu(), expected.resolve_conj().resolve_neg())
