@@ -43,3 +43,16 @@ def test_registered_when_dynamo_and_inductor_are_imported_after_torch_recdev():
 def test_registered_when_dynamo_and_inductor_were_imported_before_torch_recdev():
     code = "import torch, torch._dynamo, torch._inductor.compile_fx\nimport torch_recdev\n" + textwrap.dedent(CHECK)
     assert _run(code, autoload=False).strip() == "registered"
+
+
+def test_every_recdev_op_has_a_fake_kernel_and_the_updates_are_kept_as_side_effects():
+    import torch
+    import torch_recdev  # noqa: F401
+    from torch._library.simple_registry import singleton
+
+    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("recdev::"))
+    assert len(names) >= 9, names
+    missing = [n for n in names if singleton.find(n).fake_impl.kernel is None]
+    assert missing == []
+    for name in ("table_embedding_backward", "table_embedding_bag_backward"):
+        assert getattr(torch.ops.recdev, name).default in torch.fx.node._side_effectful_functions
