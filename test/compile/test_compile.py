@@ -174,3 +174,27 @@ def test_compiled_training_with_a_fused_optimizer_equals_eager(model_name, how):
     for compiled_p, p in zip(compiled_model.parameters(), model.parameters()):
         if p is not table:
             assert torch.allclose(compiled_p.detach().cpu(), p.detach().cpu(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_training_of_host_storage_embeddings_equals_eager(backend):
+    def setup():
+        torch.manual_seed(0)
+        model = BagMLP("host", "recdev")
+        return model, torch.optim.Adagrad(model.parameters(), lr=0.1)
+
+    def train(forward, model, opt):
+        losses = []
+        for seed in range(3):
+            loss = forward(*_batch(100, seed)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    model, opt = setup()
+    expected = train(model, model, opt)
+    compiled_model, opt = setup()
+    assert train(torch.compile(compiled_model, backend=backend), compiled_model, opt) == pytest.approx(expected, rel=1e-5)
+    assert torch.allclose(compiled_model.bag.weight.detach().cpu(), model.bag.weight.detach().cpu(), rtol=1e-5, atol=1e-7)
