@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
+import bench_serialization  # noqa: E402
 import bench_training  # noqa: E402
 import harness  # noqa: E402
 
@@ -24,6 +25,7 @@ SUITES = [
     ("Fallback on host storage vs CPU (issue: device foundation)", bench_fallback.run),
     ("Embedding lookups on a table (issue: store engine and table storage)", bench_embedding.run),
     ("Training step on a table (issue: training on tables)", bench_training.run),
+    ("Saving and loading a lazy table (issue: torch.compile and state_dict)", bench_serialization.run),
 ]
 
 

@@ -1,10 +1,13 @@
 // Copies between recdev and the CPU, and within recdev. Host storage is host
 // memory, so a copy is a CPU copy between views of the same bytes; a table
 // view is copied through a window of the rows it covers (never the whole
-// table unless the view is the whole table). Copies are synchronous:
+// table unless the view is the whole table). A whole table copied into a
+// whole table of the same layout copies the table itself: init rule and
+// materialized rows (table_serialization.h). Copies are synchronous:
 // non_blocking=True is accepted and completes at once.
 
 #include "../csrc/device/cpu_access.h"
+#include "../csrc/device/table_serialization.h"
 
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/copy.h>
@@ -28,6 +31,10 @@ void check_copy_device(const at::Tensor& t) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   check_copy_device(self);
   check_copy_device(dst);
+  // load_state_dict of a table into a table: rows touched, not num_rows.
+  if (device::copy_whole_table(self, dst)) {
+    return dst;
+  }
   CpuAccess source(self, "copying a table view");
   CpuAccess target(dst, "copying into a table view");
   at::Tensor target_cpu = target.cpu();

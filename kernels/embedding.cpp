@@ -190,7 +190,11 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  at::Tensor max_indices = at::zeros({mode == 2 ? static_cast<int64_t>(num_bags) : 0, mode == 2 ? dim : 0}, at::kLong);
+  // Shaped as the meta kernel says (torch.compile checks it): unused outside max mode, where it is
+  // [num_bags] when offsets are on the CPU (as CPU's kernel gives) and empty otherwise.
+  const at::Tensor& offsets_arg = arg(args, 2);
+  at::Tensor max_indices = mode == 2 ? at::zeros({static_cast<int64_t>(num_bags), dim}, at::kLong)
+      : at::zeros({offsets_arg.device().is_cpu() ? static_cast<int64_t>(num_bags) : 0}, at::kLong);
   if (mode == 2 && !rows.empty()) {
     const at::Tensor ids = on_cpu(indices).to(at::kLong);
     const at::Tensor positions = max_positions.clamp_min(0);

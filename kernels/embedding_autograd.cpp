@@ -125,6 +125,26 @@ void drop_padding(std::vector<uint64_t>& rows, at::Tensor& grads, uint64_t first
   grads = grads.index_select(0, at::tensor(keep, at::kLong));
 }
 
+// embedding's backward on a table: the rows' gradients to the store.
+void table_embedding_backward(
+    const at::Tensor& weight,
+    const at::Tensor& indices,
+    const at::Tensor& grad,
+    int64_t padding_idx,
+    bool scale_grad_by_freq) {
+  const auto first = first_gatherable_row(weight);
+  TORCH_CHECK(first.has_value(), "recdev: embedding backward into the store needs a table weight");
+  std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward");
+  const int64_t row_width = weight.numel() / std::max<int64_t>(weight.size(0), 1);
+  at::Tensor grads =
+      device::CpuAccess(grad, "embedding backward").cpu().reshape({static_cast<int64_t>(rows.size()), row_width});
+  if (scale_grad_by_freq) {
+    grads = scale_by_frequency(grads, rows);
+  }
+  drop_padding(rows, grads, *first, padding_idx);
+  update_rows(weight, rows, grads);
+}
+
 struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
   static at::Tensor forward(
       AutogradContext* ctx,
@@ -157,17 +177,7 @@ struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
               grad, indices, weight.size(0), padding_idx, scale_grad_by_freq, ctx->saved_data["sparse"].toBool()),
           at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    const auto first = first_gatherable_row(weight);
-    TORCH_INTERNAL_ASSERT(first.has_value());
-    std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward");
-    const int64_t row_width = weight.numel() / std::max<int64_t>(weight.size(0), 1);
-    at::Tensor grads =
-        device::CpuAccess(grad, "embedding backward").cpu().reshape({static_cast<int64_t>(rows.size()), row_width});
-    if (scale_grad_by_freq) {
-      grads = scale_by_frequency(grads, rows);
-    }
-    drop_padding(rows, grads, *first, padding_idx);
-    update_rows(weight, rows, grads);
+    table_embedding_backward(weight, indices, grad, padding_idx, scale_grad_by_freq);
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -235,6 +245,58 @@ void update_from_bag_grads(
       bag_grads.const_data_ptr<float>());
 }
 
+// _embedding_bag's backward on a table: each id's share of its bag's gradient to the store. With the
+// bags' offsets (eager autograd has them; the compiled op's schema does not), sum and mean bags take
+// update_from_bag_grads; max bags, scale_grad_by_freq and the compiled op expand a row per id.
+void table_embedding_bag_backward_core(
+    const at::Tensor& weight,
+    const at::Tensor& indices,
+    const at::Tensor& grad,
+    const at::Tensor& offset2bag,
+    const at::Tensor& bag_size,
+    const at::Tensor& max_indices,
+    const std::optional<at::Tensor>& per_sample_weights,
+    int64_t mode,
+    bool scale_grad_by_freq,
+    int64_t padding_idx,
+    const at::Tensor& offsets,
+    bool include_last_offset) {
+  const auto first = first_gatherable_row(weight);
+  TORCH_CHECK(first.has_value(), "recdev: embedding_bag backward into the store needs a table weight");
+  std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward");
+  const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
+  if (offsets.defined() && mode != 2 && !scale_grad_by_freq) {
+    update_from_bag_grads(weight, *first, rows, offsets, grad, weighted ? *per_sample_weights : at::Tensor(), mode,
+                          include_last_offset, padding_idx);
+    return;
+  }
+  const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
+  at::Tensor grads = bag_row_grads(
+      device::CpuAccess(grad, "embedding_bag backward").cpu(), on_cpu(offset2bag), on_cpu(bag_size),
+      on_cpu(max_indices), ids, weighted ? on_cpu(*per_sample_weights) : at::Tensor(), mode);
+  if (scale_grad_by_freq) {
+    grads = scale_by_frequency(grads, rows);
+  }
+  drop_padding(rows, grads, *first, padding_idx);
+  update_rows(weight, rows, grads);
+}
+
+// The compiled graphs' op (registered below).
+void table_embedding_bag_backward(
+    const at::Tensor& weight,
+    const at::Tensor& indices,
+    const at::Tensor& grad,
+    const at::Tensor& offset2bag,
+    const at::Tensor& bag_size,
+    const at::Tensor& max_indices,
+    const std::optional<at::Tensor>& per_sample_weights,
+    int64_t mode,
+    bool scale_grad_by_freq,
+    int64_t padding_idx) {
+  table_embedding_bag_backward_core(weight, indices, grad, offset2bag, bag_size, max_indices, per_sample_weights,
+                                    mode, scale_grad_by_freq, padding_idx, at::Tensor(), false);
+}
+
 struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
   static variable_list forward(
       AutogradContext* ctx,
@@ -288,25 +350,11 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
           per_sample_weights.defined() ? std::optional<at::Tensor>(per_sample_weights) : std::nullopt, padding_idx);
       return {grad_weight, {}, {}, {}, {}, {}, grad_per_sample_weights, {}, {}};
     }
-    const auto first = first_gatherable_row(weight);
-    TORCH_INTERNAL_ASSERT(first.has_value());
-    std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward");
-    const bool scale_grad_by_freq = ctx->saved_data["scale_grad_by_freq"].toBool();
-    if (mode != 2 && !scale_grad_by_freq) {
-      update_from_bag_grads(weight, *first, rows, offsets, grad, per_sample_weights, mode,
-                            ctx->saved_data["include_last_offset"].toBool(), padding_idx);
-      return {{}, {}, {}, {}, {}, {}, grad_per_sample_weights, {}, {}};
-    }
-    const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
-    at::Tensor grads = bag_row_grads(
-        device::CpuAccess(grad, "embedding_bag backward").cpu(), on_cpu(offset2bag), on_cpu(bag_size),
-        on_cpu(max_indices), ids,
-        per_sample_weights.defined() ? on_cpu(per_sample_weights) : at::Tensor(), mode);
-    if (scale_grad_by_freq) {
-      grads = scale_by_frequency(grads, rows);
-    }
-    drop_padding(rows, grads, *first, padding_idx);
-    update_rows(weight, rows, grads);
+    table_embedding_bag_backward_core(
+        weight, indices, grad, offset2bag, bag_size, max_indices,
+        per_sample_weights.defined() ? std::optional<at::Tensor>(per_sample_weights) : std::nullopt, mode,
+        ctx->saved_data["scale_grad_by_freq"].toBool(), padding_idx, offsets,
+        ctx->saved_data["include_last_offset"].toBool());
     return {{}, {}, {}, {}, {}, {}, grad_per_sample_weights, {}, {}};
   }
 };
@@ -343,6 +391,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autogra
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("embedding", embedding_autograd);
   m.impl("_embedding_bag", embedding_bag_autograd);
+}
+
+// The table halves of the backward above as ops of their own, for graphs that torch.compile traces
+// (torch_recdev/traced_lookups.py): a compiled backward calls them where eager autograd calls the
+// functions. The two that update change the store through the table's fused optimizer and no tensor
+// a graph reads (lookups read the store), so their schemas mutate nothing and traced_lookups.py
+// registers them as side-effecting: declared as mutating the weight, AOTAutograd would functionalize
+// them and clone the whole table on every step.
+TORCH_LIBRARY_FRAGMENT(recdev, m) {
+  m.def(
+      "table_embedding_backward(Tensor weight, Tensor indices, Tensor grad, int padding_idx, "
+      "bool scale_grad_by_freq) -> ()");
+  m.def(
+      "table_embedding_bag_backward(Tensor weight, Tensor indices, Tensor grad, Tensor offset2bag, "
+      "Tensor bag_size, Tensor max_indices, Tensor? per_sample_weights, int pooling_mode, bool scale_grad_by_freq, "
+      "int padding_idx) -> ()");
+  m.def(
+      "table_embedding_bag_per_sample_weights_backward(Tensor weight, Tensor indices, Tensor grad, "
+      "Tensor offset2bag, int padding_idx) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(recdev, PrivateUse1, m) {
+  m.impl("table_embedding_backward", table_embedding_backward);
+  m.impl("table_embedding_bag_backward", table_embedding_bag_backward);
+  m.impl("table_embedding_bag_per_sample_weights_backward", per_sample_weights_grad);
 }
 
 } // namespace recdev::kernels

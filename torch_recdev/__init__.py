@@ -57,7 +57,7 @@ def _run_backward_on_the_calling_thread():
 _run_backward_on_the_calling_thread()
 
 
-from . import ops, optim  # noqa: E402
+from . import compile_support, ops, optim, serialization, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,

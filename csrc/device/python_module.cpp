@@ -5,6 +5,7 @@
 #include "host_block_cache.h"
 #include "placement.h"
 #include "table_api.h"
+#include "table_serialization.h"
 #include "table_storage.h"
 
 #include "store/py_store.h"
@@ -61,6 +62,7 @@ py::dict table_stats(const at::Tensor& t) {
   d["table_rows"] = stats.num_rows;
   d["reads"] = stats.reads;
   d["writes"] = stats.writes;
+  d["updates"] = stats.updates;
   return d;
 }
 
@@ -83,5 +85,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cached_host_bytes", &device::cached_host_bytes);
   m.def("_table_stats", &device::table_stats);
   device::bind_table_api(m);
+  device::bind_table_serialization(m);
   recdev::store::bind(m);
 }

@@ -1,0 +1,224 @@
+#include "table_serialization.h"
+
+#include "table_storage.h"
+
+#include "store/table.h"
+
+#include <ATen/ops/empty.h>
+
+#include <cstring>
+#include <optional>
+
+namespace recdev::device {
+
+namespace {
+
+// The version of the snapshot dict below; a file with another is refused.
+constexpr int64_t kSnapshotFormat = 1;
+
+// Whole, and its bytes are its values: no lazy conjugate or negative bit to resolve while copying.
+bool is_whole_table(const at::Tensor& t) {
+  return is_table(t) && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && t.is_contiguous() &&
+      static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
+}
+
+// Every materialized row of a table, with its header, as one point-in-time view.
+struct Snapshot {
+  store::TableScanHeader header;
+  std::optional<store::RowSet> rows;
+};
+
+Snapshot snapshot_rows(const store::Table& table) {
+  Snapshot snapshot;
+  table.scan(
+      [&](const store::TableScanHeader& header) {
+        snapshot.header = header;
+        snapshot.rows.emplace(header.config.dim + header.config.state_floats);
+      },
+      [&](uint64_t row_id, const float* record) { snapshot.rows->insert(row_id, record); });
+  return snapshot;
+}
+
+void install(store::Table& table, Snapshot& snapshot) {
+  const store::TableScanHeader& h = snapshot.header;
+  table.install(*snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
+}
+
+// torch.save: (header, row ids [k] int64, records [k, dim + state_floats] float32), both on the CPU.
+py::tuple table_snapshot(const at::Tensor& t) {
+  if (!is_table(t)) {
+    throw py::value_error("_table_snapshot: the tensor is not on recdev table storage");
+  }
+  const TableBlock& block = *table_block(t.storage());
+  store::TableScanHeader header;
+  at::Tensor ids, records;
+  {
+    py::gil_scoped_release no_gil;
+    int64_t* id_out = nullptr;
+    float* record_out = nullptr;
+    size_t record_floats = 0;
+    block.table->scan(
+        [&](const store::TableScanHeader& h) {
+          header = h;
+          record_floats = h.config.dim + h.config.state_floats;
+          const auto count = static_cast<int64_t>(h.row_count);
+          ids = at::empty({count}, at::kLong);
+          records = at::empty({count, static_cast<int64_t>(record_floats)}, at::kFloat);
+          id_out = ids.data_ptr<int64_t>();
+          record_out = records.data_ptr<float>();
+        },
+        [&](uint64_t row_id, const float* record) {
+          *id_out++ = static_cast<int64_t>(row_id);
+          std::memcpy(record_out, record, record_floats * sizeof(float));
+          record_out += record_floats;
+        });
+  }
+  const store::TableConfig& config = header.config;
+  const store::OptimizerConfig& optimizer = header.optimizer;
+  py::dict d;
+  d["format"] = kSnapshotFormat;
+  d["nbytes"] = block.nbytes;
+  d["row_bytes"] = block.row_bytes;
+  d["num_rows"] = config.num_rows;
+  d["dim"] = config.dim;
+  d["state_floats"] = config.state_floats;
+  d["init"] = py::make_tuple(static_cast<uint32_t>(config.init.kind), config.init.a, config.init.b);
+  d["init_seed"] = config.init.seed;
+  d["init_stream"] = header.init_stream;
+  d["optimizer"] = py::make_tuple(
+      static_cast<uint32_t>(optimizer.kind), optimizer.lr, optimizer.weight_decay, optimizer.eps, optimizer.lr_decay,
+      optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2);
+  d["optimizer_step"] = header.optimizer_step;
+  return py::make_tuple(d, ids, records);
+}
+
+[[noreturn]] void refuse(const std::string& problem) {
+  throw py::value_error(
+      "torch.load: the saved recdev table is damaged or was not written by torch_recdev: " + problem);
+}
+
+template <class T>
+T field(const py::dict& header, const char* name) {
+  if (!header.contains(name)) {
+    refuse(std::string("its header has no '") + name + "'");
+  }
+  try {
+    return header[name].cast<T>();
+  } catch (const py::cast_error&) {
+    refuse(std::string("its header's '") + name + "' has the wrong type");
+  }
+}
+
+// The header's (kind, numbers...) tuple; `count` numbers after the kind.
+std::pair<uint32_t, std::vector<double>> kind_and_numbers(const py::dict& header, const char* name, size_t count) {
+  const auto values = field<py::tuple>(header, name);
+  if (values.size() != count + 1) {
+    refuse(std::string("its header's '") + name + "' has " + std::to_string(values.size()) + " fields, not " +
+           std::to_string(count + 1));
+  }
+  try {
+    std::vector<double> numbers;
+    for (size_t i = 1; i <= count; ++i) numbers.push_back(values[i].cast<double>());
+    return {values[0].cast<uint32_t>(), numbers};
+  } catch (const py::cast_error&) {
+    refuse(std::string("its header's '") + name + "' has a field of the wrong type");
+  }
+}
+
+// Rebuilds a table from its snapshot, verified before anything is created: a uint8 recdev tensor
+// over the new table storage (the caller views it with the saved dtype, offset, size and stride).
+at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at::Tensor& records) {
+  const auto format = field<int64_t>(header, "format");
+  if (format != kSnapshotFormat) {
+    throw py::value_error(
+        "torch.load: the saved recdev table has snapshot format " + std::to_string(format) + "; this torch_recdev reads format " +
+        std::to_string(kSnapshotFormat) + ". Load it with the torch_recdev version that saved it.");
+  }
+  const auto nbytes = field<uint64_t>(header, "nbytes");
+  const auto row_bytes = field<uint32_t>(header, "row_bytes");
+  store::TableConfig config;
+  config.num_rows = field<uint64_t>(header, "num_rows");
+  config.dim = field<uint32_t>(header, "dim");
+  config.state_floats = field<uint32_t>(header, "state_floats");
+  if (row_bytes == 0 || row_bytes != config.dim * 4 || config.num_rows != (nbytes + row_bytes - 1) / row_bytes) {
+    refuse("its storage (" + std::to_string(nbytes) + " bytes in rows of " + std::to_string(row_bytes) +
+           ") does not match its table of " + std::to_string(config.num_rows) + " x " + std::to_string(config.dim));
+  }
+  const auto [init_kind, init] = kind_and_numbers(header, "init", 2);
+  if (init_kind > static_cast<uint32_t>(store::InitKind::Xavier)) {
+    refuse("unknown init rule kind " + std::to_string(init_kind));
+  }
+  config.init.kind = static_cast<store::InitKind>(init_kind);
+  config.init.a = init[0];
+  config.init.b = init[1];
+  config.init.seed = field<uint64_t>(header, "init_seed");
+  store::validate_table_config(config);
+  const auto [optimizer_kind, hp] = kind_and_numbers(header, "optimizer", 7);
+  if (optimizer_kind > static_cast<uint32_t>(store::OptimizerKind::Adam)) {
+    refuse("unknown optimizer kind " + std::to_string(optimizer_kind));
+  }
+  store::OptimizerConfig optimizer{
+      static_cast<store::OptimizerKind>(optimizer_kind), hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]};
+  store::validate_optimizer(optimizer);
+  if (optimizer.kind != store::OptimizerKind::None &&
+      config.state_floats != store::optimizer_state_floats(optimizer.kind, config.dim)) {
+    refuse("its rows carry " + std::to_string(config.state_floats) + " optimizer-state floats, but its optimizer " +
+           store::describe(optimizer) + " needs " +
+           std::to_string(store::optimizer_state_floats(optimizer.kind, config.dim)));
+  }
+  const int64_t record_floats = config.dim + config.state_floats;
+  if (ids.device().type() != at::kCPU || ids.scalar_type() != at::kLong || ids.dim() != 1 ||
+      records.device().type() != at::kCPU || records.scalar_type() != at::kFloat || records.dim() != 2 ||
+      records.size(0) != ids.size(0) || records.size(1) != record_floats) {
+    refuse("its rows are not int64 ids [k] with float32 records [k, " + std::to_string(record_floats) + "]; got " +
+           ids.toString() + " " + c10::str(ids.sizes()) + " and " + records.toString() + " " +
+           c10::str(records.sizes()));
+  }
+  const at::Tensor id_values = ids.contiguous();
+  const at::Tensor record_values = records.contiguous();
+  Snapshot snapshot{{config, field<uint64_t>(header, "init_stream"), optimizer, field<uint64_t>(header, "optimizer_step"),
+                     static_cast<uint64_t>(ids.size(0))},
+                    store::RowSet(static_cast<uint32_t>(record_floats))};
+  const int64_t* id = id_values.const_data_ptr<int64_t>();
+  const float* record = record_values.const_data_ptr<float>();
+  for (int64_t i = 0; i < ids.size(0); ++i) {
+    if (id[i] < 0 || static_cast<uint64_t>(id[i]) >= config.num_rows) {
+      refuse("row id " + std::to_string(id[i]) + " is out of range for " + std::to_string(config.num_rows) + " rows");
+    }
+    if (!snapshot.rows->insert(static_cast<uint64_t>(id[i]), record + i * record_floats)) {
+      refuse("row " + std::to_string(id[i]) + " appears twice");
+    }
+  }
+  c10::Storage storage = make_table_storage(nbytes, row_bytes);
+  install(*table_block(storage)->table, snapshot);
+  auto raw = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());
+  raw.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(nbytes)});
+  return raw;
+}
+
+} // namespace
+
+bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
+  if (!is_whole_table(src) || !is_whole_table(dst) || src.dtype() != dst.dtype() || src.sizes() != dst.sizes()) {
+    return false;
+  }
+  const TableBlock& from = *table_block(src.storage());
+  const TableBlock& to = *table_block(dst.storage());
+  if (from.row_bytes != to.row_bytes || from.nbytes != to.nbytes) {
+    return false;
+  }
+  if (from.table == to.table) {
+    return true;
+  }
+  Snapshot snapshot = snapshot_rows(*from.table);
+  install(*to.table, snapshot);
+  return true;  // the snapshot now holds dst's old rows, freed here outside the table's locks
+}
+
+void bind_table_serialization(py::module_& m) {
+  m.def("_table_snapshot", &table_snapshot);
+  m.def("_restore_table", &restore_table);
+}
+
+} // namespace recdev::device

@@ -1,0 +1,257 @@
+"""torch.save / torch.load / load_state_dict of tables (docs/tables.md, "Saving and loading"): a
+table is written as its init rule plus its materialized rows, restored exactly, mapped to the CPU
+under max_fallback_bytes, and bad files are refused with nothing loaded."""
+
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_recdev
+from torch_recdev import set_max_fallback_bytes, table_stats
+
+HUGE_ROWS = 10**10
+
+
+def _save(obj, path=None):
+    buffer = io.BytesIO() if path is None else path
+    torch.save(obj, buffer)
+    if path is None:
+        buffer.seek(0)
+    return buffer
+
+
+class Bag(nn.Module):
+    """An embedding bag on a huge lazy table followed by a linear layer on the CPU."""
+
+    def __init__(self, rows=HUGE_ROWS, dim=16):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(rows, dim, mode="sum", device="recdev")
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, ids, offsets):
+        return self.head(self.bag(ids, offsets).cpu())
+
+
+def _touch(weight, ids):
+    with torch.no_grad():
+        return F.embedding(ids, weight).cpu()
+
+
+def test_file_grows_with_rows_touched_not_num_embeddings():
+    model = Bag()
+    empty = len(_save(model.state_dict()).getvalue())
+    _touch(model.bag.weight, torch.arange(1000) * 7_000_003)
+    touched = len(_save(model.state_dict()).getvalue())
+    row_bytes = 8 + 16 * 4  # id + weight (no optimizer)
+    assert empty < 20_000
+    assert 1000 * row_bytes <= touched - empty < 1000 * row_bytes + 10_000
+
+
+def test_round_trip_restores_touched_and_untouched_rows_exactly(tmp_path):
+    torch.manual_seed(3)
+    model = Bag()
+    touched = torch.tensor([0, 5, 9_999_999_999, 123_456_789])
+    with torch.no_grad():
+        model.bag.weight[touched[:2]]  # reads materialize
+        torch_recdev.ops.emb_write(model.bag.weight, touched[2:], torch.full((2, 16), 2.5))
+    probe = torch.tensor([0, 5, 9_999_999_999, 123_456_789, 42, 77_777_777_777 % HUGE_ROWS])
+    path = tmp_path / "model.pt"
+    _save(model.state_dict(), path)
+    expected = _touch(model.bag.weight, probe)  # after the save: 42 and the last id stay untouched in the file
+
+    torch.manual_seed(99)  # another init rule in the destination
+    restored = Bag()
+    restored.load_state_dict(torch.load(path))  # weights_only=True, torch.load's default
+    assert table_stats(restored.bag.weight)["rows"] == 4
+    assert torch.equal(_touch(restored.bag.weight, probe), expected)
+    assert torch.equal(restored.head.weight, model.head.weight)
+
+
+def test_load_without_state_dict_gives_a_lazy_recdev_table():
+    weight = nn.Embedding(HUGE_ROWS, 8, device="recdev").weight.detach()
+    _touch(weight, torch.tensor([3, 4]))
+    loaded = torch.load(_save(weight))
+    assert loaded.device.type == "recdev" and torch_recdev.is_table(loaded)
+    assert loaded.shape == weight.shape and loaded.dtype == weight.dtype
+    assert table_stats(loaded)["rows"] == 2
+    probe = torch.tensor([3, 4, 5, HUGE_ROWS - 1])
+    assert torch.equal(_touch(loaded, probe), _touch(weight, probe))
+
+
+def test_views_of_tables_keep_their_offset_and_strides(lazy_table):
+    w = lazy_table(40, 6)
+    view = w[10:20].t()
+    loaded = torch.load(_save(view))
+    assert loaded.shape == view.shape and loaded.stride() == view.stride()
+    assert torch.equal(loaded.cpu(), view.cpu())
+
+
+def test_map_location_cpu_gives_a_dense_tensor_under_the_limit(lazy_table):
+    w = lazy_table(50, 4)
+    _touch(w, torch.tensor([1, 2]))
+    dense = torch.load(_save(w), map_location="cpu")
+    assert dense.device.type == "cpu" and torch.equal(dense, w.cpu())
+    for location in (torch.device("cpu"), {"recdev:0": "cpu"}, lambda storage, loc: storage):
+        assert torch.equal(torch.load(_save(w), map_location=location), dense)
+
+
+def test_map_location_cpu_refuses_past_max_fallback_bytes(lazy_table):
+    weight = nn.Embedding(HUGE_ROWS, 8, device="recdev").weight.detach()
+    with pytest.raises(RuntimeError, match="max_fallback_bytes") as info:
+        torch.load(_save(weight), map_location="cpu")
+    assert "load_state_dict" in str(info.value)
+    small = lazy_table(50, 4)
+    set_max_fallback_bytes(50 * 4 * 4 - 1)
+    with pytest.raises(RuntimeError, match="max_fallback_bytes"):
+        torch.load(_save(small), map_location="cpu")
+
+
+def test_load_state_dict_is_rows_touched_not_a_dense_copy():
+    model = Bag()
+    _touch(model.bag.weight, torch.arange(10))
+    state = torch.load(_save(model.state_dict()))
+    set_max_fallback_bytes(0)  # a dense copy of any part of the table would be refused
+    restored = Bag()
+    restored.load_state_dict(state)
+    assert table_stats(restored.bag.weight)["rows"] == 10
+
+
+def _train(model, opt, gen, steps):
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 1000, (24,), generator=gen) * 9_999_991
+        offsets = torch.arange(0, 24, 3)
+        loss = model(ids, offsets).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("fused", [torch_recdev.optim.Adagrad, torch_recdev.optim.Adam, torch_recdev.optim.RowWiseAdagrad])
+def test_training_resumes_exactly_with_fused_optimizer_state(tmp_path, fused):
+    torch.manual_seed(0)
+    model = Bag()
+    emb_opt = fused([model.bag.weight], lr=0.05)
+    head_opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+
+    class Both:
+        def step(self):
+            emb_opt.step(), head_opt.step()
+
+        def zero_grad(self):
+            emb_opt.zero_grad(), head_opt.zero_grad()
+
+    _train(model, Both(), torch.Generator().manual_seed(1), 3)
+    path = tmp_path / "ckpt.pt"
+    _save({"model": model.state_dict(), "emb_opt": emb_opt.state_dict(), "head_opt": head_opt.state_dict()}, path)
+    reference = _train(model, Both(), torch.Generator().manual_seed(2), 3)
+
+    torch.manual_seed(5)
+    resumed = Bag()
+    emb_opt = fused([resumed.bag.weight], lr=0.5)  # the checkpoint's hyperparameters win
+    head_opt = torch.optim.SGD(resumed.head.parameters(), lr=0.1)
+    ckpt = torch.load(path)
+    resumed.load_state_dict(ckpt["model"])
+    emb_opt.load_state_dict(ckpt["emb_opt"])
+    head_opt.load_state_dict(ckpt["head_opt"])
+    assert _train(resumed, Both(), torch.Generator().manual_seed(2), 3) == reference
+    probe = torch.randint(0, 1000, (50,), generator=torch.Generator().manual_seed(2)) * 9_999_991
+    assert torch.equal(_touch(resumed.bag.weight, probe), _touch(model.bag.weight, probe))
+
+
+def test_optimizer_created_after_load_keeps_the_row_state(tmp_path):
+    torch.manual_seed(0)
+    model = Bag()
+    opt = torch_recdev.optim.Adagrad([model.bag.weight], lr=0.05)
+    _train(model, opt, torch.Generator().manual_seed(1), 2)
+    state = torch.load(_save({"model": model.state_dict(), "opt": opt.state_dict()}))
+    reference = _train(model, opt, torch.Generator().manual_seed(2), 2)
+
+    resumed = Bag()
+    resumed.load_state_dict(state["model"])
+    opt = torch_recdev.optim.Adagrad([resumed.bag.weight], lr=0.05)
+    opt.load_state_dict(state["opt"])
+    assert _train(resumed, opt, torch.Generator().manual_seed(2), 2) == reference
+
+
+def test_a_file_of_another_shape_is_refused_and_nothing_loads():
+    source = Bag(dim=16)
+    _touch(source.bag.weight, torch.arange(5))
+    state = torch.load(_save(source.state_dict()))
+    other = Bag(dim=8)
+    _touch(other.bag.weight, torch.tensor([7]))
+    before = _touch(other.bag.weight, torch.arange(10))
+    with pytest.raises(RuntimeError, match="size mismatch for bag.weight"):
+        other.load_state_dict(state)
+    assert table_stats(other.bag.weight)["rows"] == 10
+    assert torch.equal(_touch(other.bag.weight, torch.arange(10)), before)
+
+
+def test_a_file_of_another_dtype_is_refused_for_huge_tables():
+    weight = nn.Embedding(HUGE_ROWS, 8, device="recdev").weight.detach()
+    with torch_recdev.placement("table"):
+        as_double = torch.empty(HUGE_ROWS, 4, dtype=torch.float64, device="recdev")
+    loaded = torch.load(_save(as_double))
+    assert loaded.dtype == torch.float64 and torch_recdev.is_table(loaded)
+    with pytest.raises(RuntimeError, match="max_fallback_bytes"):
+        weight.copy_(loaded)
+    assert table_stats(weight)["rows"] == 0
+
+
+def test_a_truncated_file_is_refused_and_nothing_loads(tmp_path):
+    source = Bag()
+    _touch(source.bag.weight, torch.arange(100))
+    data = _save(source.state_dict()).getvalue()
+    target = Bag()
+    for cut in (len(data) // 2, len(data) - 30):
+        path = tmp_path / f"cut{cut}.pt"
+        path.write_bytes(data[:cut])
+        # torch's zip reader refuses it before any tensor is built: "failed finding central
+        # directory", or EINVAL when the cut lands in its end-of-archive search
+        with pytest.raises((RuntimeError, OSError)):
+            target.load_state_dict(torch.load(path))
+    assert table_stats(target.bag.weight)["rows"] == 0
+
+
+def _tampered(weight, change):
+    """A pickle of the table whose snapshot `change(args)` edited."""
+    func, args = weight._reduce_ex_internal(2)
+    return func, change(list(args))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a[:1] + [a[1].flip(0), a[2].flip(0)] + a[3:], None),  # harmless: row order does not matter
+        (lambda a: a[:1] + [a[1] + 10**10] + a[2:], "out of range"),
+        (lambda a: a[:1] + [a[1] * 0] + a[2:], "appears twice"),
+        (lambda a: a[:2] + [a[2][:, :3]] + a[3:], "records"),
+        (lambda a: [{**a[0], "dim": 9}] + a[1:], "does not match"),
+        (lambda a: [{**a[0], "format": 7}] + a[1:], "snapshot format 7"),
+        (lambda a: [{**a[0], "init": (99, 0.0, 1.0)}] + a[1:], "unknown init rule"),
+        (lambda a: [{k: v for k, v in a[0].items() if k != "init_stream"}] + a[1:], "no 'init_stream'"),
+        (lambda a: [{**a[0], "optimizer": (2, 0.1)}] + a[1:], "'optimizer' has 2 fields"),
+    ],
+)
+def test_a_damaged_snapshot_is_refused_before_a_table_is_made(lazy_table, change, message):
+    w = lazy_table(30, 8)
+    _touch(w, torch.tensor([1, 2, 3]))
+    func, args = _tampered(w, change)
+    if message is None:
+        assert torch.equal(func(*args).cpu(), w.cpu())
+    else:
+        with pytest.raises(ValueError, match=message):
+            func(*args)
+
+
+def test_tables_pickle_only_through_torch_save_safe_globals():
+    w = nn.Embedding(HUGE_ROWS, 4, device="recdev").weight.detach()
+    buffer = _save({"w": w})
+    assert torch.load(buffer, weights_only=True)["w"].shape == w.shape
+    assert len(pickle.dumps(torch.arange(3))) > 0  # other tensors are untouched by the table hook

@@ -1,0 +1,172 @@
+"""Lookups on tables inside graphs that torch.compile traces (docs/compile.md, "Training").
+
+Eager autograd sends a table's row gradients to the store from recdev's C++ autograd kernels
+(kernels/embedding_autograd.cpp). AOTAutograd does not run those kernels: it traces the joint
+graph with fake tensors and would derive the ordinary dense gradient of the whole weight. So,
+while torch traces (the Python dispatcher is on), ``aten.embedding`` and ``aten._embedding_bag``
+on a recdev weight go through the Python kernels below: on a table, they become the custom ops
+``recdev::embedding_lookup`` / ``recdev::embedding_bag_lookup``, whose registered backward calls
+``recdev::table_embedding_backward`` / ``recdev::table_embedding_bag_backward`` — ops that update
+the table through its fused optimizer and give the weight no gradient. On host storage they run
+recdev's C++ autograd kernel, as in eager mode.
+
+Fake tensors cannot tell a table from host storage, so the choice is made from the real tensor
+the fake stands for (the fake mode's memo of the tensors it converted); a weight with none (made
+inside the graph) is host storage.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch._C import DispatchKey
+
+from . import _C
+
+__all__: list[str] = []
+
+_AUTOGRAD = DispatchKey.AutogradPrivateUse1
+
+
+def _real_tensor(t: torch.Tensor) -> Optional[torch.Tensor]:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if isinstance(t, FunctionalTensor):
+        t = torch._from_functional_tensor(t.elem)
+    if not isinstance(t, FakeTensor):
+        return t
+    converter = t.fake_mode.fake_tensor_converter.meta_converter
+    for real, tensor_id in converter.describer.lookup_tensor.items():
+        if converter.tensor_memo.get(tensor_id) is t:
+            return real
+    return None
+
+
+def _is_table(weight: torch.Tensor) -> bool:
+    real = _real_tensor(weight)
+    return real is not None and _C._is_table(real)
+
+
+# --- embedding ---------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("recdev::embedding_lookup", mutates_args=())
+def _embedding_lookup(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, scale_grad_by_freq: bool) -> torch.Tensor:
+    return torch.ops.aten.embedding.default(weight, indices, padding_idx, scale_grad_by_freq, False)
+
+
+@_embedding_lookup.register_fake
+def _(weight, indices, padding_idx, scale_grad_by_freq):
+    return torch.ops.aten.embedding.default(weight, indices, padding_idx, scale_grad_by_freq, False)
+
+
+def _embedding_setup(ctx, inputs, output):
+    weight, indices, ctx.padding_idx, ctx.scale_grad_by_freq = inputs
+    ctx.save_for_backward(weight, indices)
+
+
+def _embedding_backward(ctx, grad):
+    weight, indices = ctx.saved_tensors
+    torch.ops.recdev.table_embedding_backward(weight, indices, grad, ctx.padding_idx, ctx.scale_grad_by_freq)
+    return None, None, None, None
+
+
+_embedding_lookup.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+
+
+@torch.ops.aten.embedding.default.py_impl(_AUTOGRAD)
+def _traced_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if _is_table(weight):
+        return torch.ops.recdev.embedding_lookup(weight, indices, padding_idx, scale_grad_by_freq)
+    return torch.ops.aten.embedding.default._op_dk(_AUTOGRAD, weight, indices, padding_idx, scale_grad_by_freq, sparse)
+
+
+# --- embedding_bag -----------------------------------------------------------------------------
+
+
+@torch.library.custom_op("recdev::embedding_bag_lookup", mutates_args=())
+def _embedding_bag_lookup(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    scale_grad_by_freq: bool,
+    mode: int,
+    per_sample_weights: Optional[torch.Tensor],
+    include_last_offset: bool,
+    padding_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.ops.aten._embedding_bag.default(
+        weight, indices, offsets, scale_grad_by_freq, mode, False, per_sample_weights, include_last_offset, padding_idx
+    )
+
+
+@_embedding_bag_lookup.register_fake
+def _(weight, indices, offsets, scale_grad_by_freq, mode, per_sample_weights, include_last_offset, padding_idx):
+    return torch.ops.aten._embedding_bag.default(
+        weight, indices, offsets, scale_grad_by_freq, mode, False, per_sample_weights, include_last_offset, padding_idx
+    )
+
+
+def _embedding_bag_setup(ctx, inputs, output):
+    weight, indices, _, ctx.scale_grad_by_freq, ctx.mode, per_sample_weights, _, ctx.padding_idx = inputs
+    _, offset2bag, bag_size, max_indices = output
+    ctx.weighted = per_sample_weights is not None
+    ctx.save_for_backward(weight, indices, offset2bag, bag_size, max_indices, per_sample_weights)
+
+
+def _embedding_bag_backward(ctx, grad, *_unused_grads):
+    weight, indices, offset2bag, bag_size, max_indices, per_sample_weights = ctx.saved_tensors
+    grad_per_sample_weights = None
+    if ctx.weighted and ctx.needs_input_grad[5]:
+        grad_per_sample_weights = torch.ops.recdev.table_embedding_bag_per_sample_weights_backward(
+            weight, indices, grad, offset2bag, ctx.padding_idx
+        )
+    torch.ops.recdev.table_embedding_bag_backward(
+        weight, indices, grad, offset2bag, bag_size, max_indices,
+        per_sample_weights if ctx.weighted else None, ctx.mode, ctx.scale_grad_by_freq, ctx.padding_idx,
+    )
+    return None, None, None, None, None, grad_per_sample_weights, None, None
+
+
+_embedding_bag_lookup.register_autograd(_embedding_bag_backward, setup_context=_embedding_bag_setup)
+
+
+@torch.ops.aten._embedding_bag.default.py_impl(_AUTOGRAD)
+def _traced_embedding_bag(
+    weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
+    include_last_offset=False, padding_idx=-1,
+):
+    if _is_table(weight):
+        return torch.ops.recdev.embedding_bag_lookup(
+            weight, indices, offsets, scale_grad_by_freq, mode, per_sample_weights, include_last_offset, padding_idx
+        )
+    return torch.ops.aten._embedding_bag.default._op_dk(
+        _AUTOGRAD, weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+        include_last_offset, padding_idx,
+    )
+
+
+# --- the backward ops (kernels/embedding_autograd.cpp) -----------------------------------------
+
+# They update the store and return nothing: side effects that graph passes must keep and not reorder
+# away (see the comment on their schemas).
+torch.fx.node.has_side_effect(torch.ops.recdev.table_embedding_backward.default)
+torch.fx.node.has_side_effect(torch.ops.recdev.table_embedding_bag_backward.default)
+
+
+
+@torch.library.register_fake("recdev::table_embedding_backward")
+def _(weight, indices, grad, padding_idx, scale_grad_by_freq):
+    return None
+
+
+@torch.library.register_fake("recdev::table_embedding_bag_backward")
+def _(weight, indices, grad, offset2bag, bag_size, max_indices, per_sample_weights, pooling_mode, scale_grad_by_freq, padding_idx):
+    return None
+
+
+@torch.library.register_fake("recdev::table_embedding_bag_per_sample_weights_backward")
+def _(weight, indices, grad, offset2bag, padding_idx):
+    return grad.new_empty(indices.shape)
