@@ -13,7 +13,7 @@
 #include "../csrc/device/cpu_view.h"
 #include "table_rows.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/ops/_embedding_bag.h>
 #include <ATen/ops/_embedding_bag_backward.h>
@@ -39,14 +39,14 @@ bool updates_in_store(const at::Tensor& weight) {
   return device::is_table(weight);
 }
 
-store::Table& table_of(const at::Tensor& weight) {
+store::TableHandle& table_of(const at::Tensor& weight) {
   return *device::table_block(weight.storage())->table;
 }
 
 // Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the
 // table's optimizer.
 void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, const at::Tensor& grads) {
-  store::Table& table = table_of(weight);
+  store::TableHandle& table = table_of(weight);
   TORCH_CHECK(
       table.optimizer().kind != store::OptimizerKind::None,
       "recdev: this embedding weight is a store table with no fused optimizer, so backward has nowhere to put "

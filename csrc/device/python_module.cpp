@@ -8,7 +8,7 @@
 #include "table_storage.h"
 
 #include "store/py_store.h"
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
