@@ -4,6 +4,7 @@
 #include "generator.h"
 #include "table_storage.h"
 
+#include "net/remote_store.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -177,9 +178,37 @@ void set_optimizer(const at::Tensor& t, const std::string& kind, const std::map<
   table_of(t, "set_optimizer").set_optimizer(config);
 }
 
+// torch_recdev.connect(): servers make the current store remote; None makes it embedded again.
+py::dict store_info() {
+  const std::shared_ptr<store::StoreClient> client = current_store();
+  py::dict info;
+  info["kind"] = client->kind();
+  info["servers"] = client->servers();
+  info["shards"] = client->servers().size();
+  if (const auto* remote = dynamic_cast<const net::RemoteStoreClient*>(client.get())) {
+    info["timeout"] = remote->timeout_seconds();
+  }
+  return info;
+}
+
+void connect(const std::optional<std::string>& servers, const std::string& token, double timeout_seconds) {
+  if (!servers) {
+    set_current_store(embedded_store());
+    return;
+  }
+  std::shared_ptr<store::StoreClient> client;
+  {
+    py::gil_scoped_release no_gil;
+    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds);
+  }
+  set_current_store(std::move(client));
+}
+
 } // namespace
 
 void bind_table_api(py::module_& m) {
+  m.def("_connect", &connect);
+  m.def("_store_info", &store_info);
   m.def("_named_table", &named_table);
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
     store::TableHandle& table = table_of(t, "emb_init");
