@@ -1,5 +1,5 @@
 // The torch_recdev._C extension module: the few entry points Python needs
-// that the dispatcher does not already expose, and the store's test binding.
+// that the dispatcher does not already expose, the store's test binding and the server's binding.
 
 #include "generator.h"
 #include "host_block_cache.h"
@@ -7,6 +7,7 @@
 #include "table_api.h"
 #include "table_storage.h"
 
+#include "net/py_server.h"
 #include "store/py_store.h"
 #include "store/table_handle.h"
 
@@ -84,4 +85,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("_table_stats", &device::table_stats);
   device::bind_table_api(m);
   recdev::store::bind(m);
+  recdev::net::bind(m);
 }
