@@ -130,10 +130,6 @@ class Table {
                      PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                      int64_t padding_idx, float* out, int64_t* max_positions);
 
-  // Like gather, but rows that are not materialized are computed from the init rule and stay
-  // unmaterialized (copies of a table to the CPU, a remote shard's part of read_bytes).
-  void peek(const uint64_t* ids, size_t n, float* out) const;
-
   // rows: n * dim floats. With duplicate ids, the last one wins.
   void write(const uint64_t* ids, size_t n, const float* rows);
 
