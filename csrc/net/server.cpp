@@ -30,6 +30,8 @@ constexpr auto kPayloadTimeout = std::chrono::seconds(30);
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
 // How often an idle connection and the accept loop look at the stop flag.
 constexpr auto kStopPoll = std::chrono::milliseconds(200);
+// After a stop signal, how long a connection keeps answering requests that had already arrived.
+constexpr auto kStopGrace = std::chrono::seconds(5);
 
 // Set by the signal handler; the self-pipe wakes the accept loop at once.
 std::atomic<bool> stop_requested{false};
@@ -115,12 +117,19 @@ void serve_connection(Socket socket, ShardService& service) {
   std::shared_ptr<Session> session;
   try {
     Frame frame;
+    Clock::time_point stopping_since{};
     // The first frame: HELLO within the deadline.
     const Clock::time_point hello_deadline = Clock::now() + kHelloTimeout;
     bool open = read_frame(socket, frame, hello_deadline, kPayloadTimeout);
     if (open) open = send_response(socket, service.handshake(frame, session)) && session != nullptr;
-    while (open && !stop_requested.load()) {
-      if (!socket.wait_readable(kStopPoll)) continue;
+    while (open) {
+      if (stop_requested.load()) {
+        // Requests that had already arrived when the stop came are still answered, for a while.
+        if (stopping_since == Clock::time_point{}) stopping_since = Clock::now();
+        if (Clock::now() - stopping_since > kStopGrace || !socket.wait_readable(std::chrono::milliseconds(0))) break;
+      } else if (!socket.wait_readable(kStopPoll)) {
+        continue;
+      }
       try {
         if (!read_frame(socket, frame, Clock::now() + kPayloadTimeout, kPayloadTimeout)) break;
       } catch (const BadFrame& error) {
