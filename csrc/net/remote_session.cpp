@@ -128,13 +128,18 @@ ShardConnection& RemoteSession::Lease::connection(size_t shard) {
 
 std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
   Link& link = *links_[shard];
-  {
-    std::lock_guard<std::mutex> lock(link.mutex);
-    if (!link.idle.empty()) {
-      std::unique_ptr<ShardConnection> connection = std::move(link.idle.back());
+  while (true) {
+    std::unique_ptr<ShardConnection> connection;
+    {
+      std::lock_guard<std::mutex> lock(link.mutex);
+      if (link.idle.empty()) break;
+      connection = std::move(link.idle.back());
       link.idle.pop_back();
-      return connection;
     }
+    // An idle connection has nothing to read; if it has, the server closed it (it stopped, or
+    // restarted since): use another rather than fail the operation.
+    pollfd check{connection->socket.fd(), POLLIN, 0};
+    if (::poll(&check, 1, 0) == 0) return connection;
   }
   return open(shard, timeout_seconds_);
 }
