@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -132,6 +133,9 @@ std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
     std::unique_ptr<ShardConnection> connection;
     {
       std::lock_guard<std::mutex> lock(link.mutex);
+      // A forked child (a DataLoader worker) must not talk on its parent's sockets: their frames would
+      // interleave. It opens its own (in the same session).
+      if (::getpid() != pid_) link.idle.clear();
       if (link.idle.empty()) break;
       connection = std::move(link.idle.back());
       link.idle.pop_back();
@@ -145,7 +149,7 @@ std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
 }
 
 void RemoteSession::release(size_t shard, std::unique_ptr<ShardConnection> connection) {
-  if (connection->broken) return;
+  if (connection->broken || ::getpid() != pid_) return;
   Link& link = *links_[shard];
   std::lock_guard<std::mutex> lock(link.mutex);
   // A connection of an older epoch talks to a session the server has since replaced.

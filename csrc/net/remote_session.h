@@ -15,6 +15,8 @@
 // does not lapse while the client is idle.
 #pragma once
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -129,6 +131,7 @@ class RemoteSession {
   const std::vector<std::string> servers_;
   const std::string token_;
   const double timeout_seconds_;
+  const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
   std::vector<std::unique_ptr<Link>> links_;
 
   std::mutex heartbeat_mutex_;

@@ -171,3 +171,23 @@ def test_recdev_servers_connects_at_import(start_shards):
     result = subprocess.run([sys.executable, "-c", "import torch_recdev"], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "RECDEV_SERVERS=" in result.stderr and "cannot connect" in result.stderr
+
+
+def test_a_forked_child_talks_on_its_own_connections(remote_shards):
+    torch_recdev.connect(remote_shards)
+    t = ops.init_embedding_table("forked", 100, 4, init=torch_recdev.Constant(3.0))
+    keys = torch.arange(100)
+    assert ops.emb_read(t, keys).sum().item() == 1200  # the pools now hold open connections
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker, say
+        code = 1
+        try:
+            for _ in range(30):
+                assert ops.emb_read(t, keys).sum().item() == 1200
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(30):
+        assert ops.emb_read(t, keys).sum().item() == 1200
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
