@@ -24,6 +24,17 @@ constexpr size_t kFrameOverhead = 256;
   throw StoreError(ErrorCode::Protocol, "a server answered " + what + " with a result of the wrong size");
 }
 
+// The rows of a GATHER or PEEK answer for `count` ids, read where they are: decoding a FloatsResponse
+// would copy every row once more.
+const float* rows_in(const Call& call, size_t count, uint32_t dim) {
+  Reader in(call.response.data(), call.response.size());
+  const uint32_t floats = in.get<uint32_t>("rows");
+  if (floats != count * dim || in.remaining() != size_t{floats} * sizeof(float)) {
+    bad_answer(opcode_name(uint8_t(call.opcode)));
+  }
+  return reinterpret_cast<const float*>(call.response.data() + sizeof(uint32_t));
+}
+
 uint64_t random_route_key() {
   static std::mutex mutex;
   static std::mt19937_64 generator{std::random_device{}()};
@@ -188,9 +199,8 @@ void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) {
   check_ids(ids, n);
   const size_t row_bytes = size_t{dim_} * sizeof(float);
   fan_out_ids(ids, n, Opcode::Gather, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
-    const FloatsResponse rows = answer_of<FloatsResponse>(call);
-    if (rows.values.size() != count * dim_) bad_answer("GATHER");
-    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows.values.data() + k * dim_, row_bytes);
+    const float* rows = rows_in(call, count, dim_);
+    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows + k * dim_, row_bytes);
   });
 }
 
@@ -198,9 +208,8 @@ void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const {
   check_ids(ids, n);
   const size_t row_bytes = size_t{dim_} * sizeof(float);
   fan_out_ids(ids, n, Opcode::Peek, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
-    const FloatsResponse rows = answer_of<FloatsResponse>(call);
-    if (rows.values.size() != count * dim_) bad_answer("PEEK");
-    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows.values.data() + k * dim_, row_bytes);
+    const float* rows = rows_in(call, count, dim_);
+    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows + k * dim_, row_bytes);
   });
 }
 
