@@ -17,7 +17,7 @@ Connection::Connection(const std::string& address, const std::string& token, std
   welcome_ = call<Welcome>(Opcode::Hello, hello);
 }
 
-Frame Connection::round_trip(const std::vector<uint8_t>& request, Opcode opcode) {
+Frame Connection::round_trip(const std::vector<uint8_t>& request, Opcode opcode, uint64_t request_id) {
   const std::string operation = opcode_name(uint8_t(opcode));
   const auto fail = [&](ErrorCode code, const std::string& message) {
     throw StoreError(code, "recdev-server " + address_ + ", " + operation + ": " + message);
@@ -33,10 +33,14 @@ Frame Connection::round_trip(const std::vector<uint8_t>& request, Opcode opcode)
     if (error.code() != ErrorCode::Unavailable) throw;
     fail(ErrorCode::Unavailable, error.what());
   }
-  if (frame.header.opcode != opcode) {
-    fail(ErrorCode::Protocol, std::string("the response is for ") + opcode_name(uint8_t(frame.header.opcode)));
+  const bool error = (frame.header.flags & kFlagError) != 0;
+  // A refusal sent before the server read anything (too many connections) carries request id 0.
+  if (!(error && frame.header.request_id == 0) &&
+      (frame.header.opcode != opcode || frame.header.request_id != request_id)) {
+    fail(ErrorCode::Protocol, std::string("the response is for ") + opcode_name(uint8_t(frame.header.opcode)) +
+                                  " request " + std::to_string(frame.header.request_id));
   }
-  if ((frame.header.flags & kFlagError) != 0) {
+  if (error) {
     const auto error = decode_payload<ErrorResponse>(frame.payload.data(), frame.payload.size(), "an error response");
     fail(error.code, error.message);
   }

@@ -26,13 +26,14 @@ class Connection {
 
   template <class Response, class Request>
   Response call(Opcode opcode, const Request& request) {
-    const Frame frame = round_trip(encode_frame(opcode, next_request_id_++, request), opcode);
+    const uint64_t request_id = next_request_id_++;
+    const Frame frame = round_trip(encode_frame(opcode, request_id, request), opcode, request_id);
     return decode_payload<Response>(frame.payload.data(), frame.payload.size(), opcode_name(uint8_t(opcode)));
   }
 
  private:
   // Sends one request frame and returns its (non-error) response frame.
-  Frame round_trip(const std::vector<uint8_t>& request, Opcode opcode);
+  Frame round_trip(const std::vector<uint8_t>& request, Opcode opcode, uint64_t request_id);
 
   std::string address_;
   std::chrono::milliseconds timeout_;

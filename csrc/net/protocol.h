@@ -87,6 +87,11 @@ FrameHeader decode_header(const uint8_t in[kHeaderBytes]);
 // A whole frame in one buffer: header then the encoded message.
 template <class Message>
 std::vector<uint8_t> encode_frame(Opcode opcode, uint64_t request_id, const Message& message, uint8_t flags = 0);
+// The same into an existing buffer, whose capacity is reused (a server answering large gathers
+// would otherwise fault in fresh pages for every response).
+template <class Message>
+void encode_frame_into(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, const Message& message,
+                       uint8_t flags = 0);
 // Fills in the header of a frame whose payload was appended after kHeaderBytes of room.
 void finish_frame(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, uint8_t flags = 0);
 
@@ -349,11 +354,18 @@ RECDEV_NET_MESSAGE(CommitLoadResponse)
 #undef RECDEV_NET_MESSAGE
 
 template <class Message>
-std::vector<uint8_t> encode_frame(Opcode opcode, uint64_t request_id, const Message& message, uint8_t flags) {
-  std::vector<uint8_t> frame(kHeaderBytes);
+void encode_frame_into(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, const Message& message,
+                       uint8_t flags) {
+  frame.resize(kHeaderBytes);
   Writer out(frame);
   encode(out, message);
   finish_frame(frame, opcode, request_id, flags);
+}
+
+template <class Message>
+std::vector<uint8_t> encode_frame(Opcode opcode, uint64_t request_id, const Message& message, uint8_t flags) {
+  std::vector<uint8_t> frame;
+  encode_frame_into(frame, opcode, request_id, message, flags);
   return frame;
 }
 

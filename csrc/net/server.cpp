@@ -136,7 +136,9 @@ void serve_connection(Socket socket, ShardService& service) {
         send_response(socket, service.refuse_frame(error));
         break;
       }
-      open = send_response(socket, service.handle(*session, frame));
+      Response response = service.handle(*session, frame);
+      open = send_response(socket, response);
+      service.recycle(std::move(response.frame));
     }
   } catch (const BadFrame& error) {
     send_response(socket, service.refuse_frame(error));

@@ -54,9 +54,21 @@ Message decode(const Frame& frame) {
   return decode_payload<Message>(frame.payload.data(), frame.payload.size(), opcode_name(uint8_t(frame.header.opcode)));
 }
 
+// The buffer of this connection thread's previous response, handed back by recycle(): large
+// responses reuse its pages instead of faulting in fresh ones (tens of milliseconds for 32 MiB).
+thread_local std::vector<uint8_t> spare_buffer;
+
+std::vector<uint8_t> take_buffer() {
+  std::vector<uint8_t> buffer = std::move(spare_buffer);
+  buffer.clear();
+  return buffer;
+}
+
 template <class Message>
 std::vector<uint8_t> reply(const Frame& frame, const Message& message) {
-  return encode_frame(frame.header.opcode, frame.header.request_id, message);
+  std::vector<uint8_t> buffer = take_buffer();
+  encode_frame_into(buffer, frame.header.opcode, frame.header.request_id, message);
+  return buffer;
 }
 
 std::vector<uint8_t> reply_empty(const Frame& frame) { return reply(frame, Empty{}); }
@@ -207,6 +219,11 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
     }
   }
   throw StoreError(ErrorCode::Protocol, "unknown opcode");  // decode_header admits only known opcodes
+}
+
+void ShardService::recycle(std::vector<uint8_t>&& frame) {
+  // Only the largest buffer is kept: a connection's memory stays what its largest response needed.
+  if (frame.capacity() > spare_buffer.capacity()) spare_buffer = std::move(frame);
 }
 
 // ---- Tables, ownership, memory ----
@@ -438,7 +455,8 @@ std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame
   check_response_size(n * dim * sizeof(float), opcode_name(uint8_t(frame.header.opcode)));
   if (materialize) reserve_rows(*target.table, request.ids.data(), n);
   // The rows go straight into the response frame.
-  std::vector<uint8_t> response(kHeaderBytes);
+  std::vector<uint8_t> response = take_buffer();
+  response.resize(kHeaderBytes);
   Writer out(response);
   auto* rows = reinterpret_cast<float*>(out.put_array_space<float>(n * dim));
   if (materialize) {

@@ -45,6 +45,8 @@ class ShardService {
   // end_connection); otherwise the response is an error and close_after is set.
   Response handshake(const Frame& frame, std::shared_ptr<Session>& session);
   Response handle(Session& session, const Frame& frame);
+  // Hands a sent response's buffer back for the next response of this thread (connection).
+  void recycle(std::vector<uint8_t>&& frame);
   // The answer to a frame whose header was refused (BadFrame).
   Response refuse_frame(const BadFrame& error);
   void end_connection(Session& session) { sessions_.detach(session); }

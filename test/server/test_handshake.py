@@ -121,3 +121,10 @@ def test_connection_cap(token_server):
             time.sleep(0.1)
     else:
         pytest.fail("connections were not freed")
+
+
+def test_binding_constants_match_the_documented_ones():
+    from torch_recdev import _C
+
+    assert _C._server.PROTOCOL_VERSION == wire.VERSION
+    assert _C._server.MAX_PAYLOAD_BYTES == wire.MAX_PAYLOAD

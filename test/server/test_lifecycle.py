@@ -218,3 +218,9 @@ def test_bad_size_and_busy_port(start_server):
     server = start_server()
     result = run_cli("--listen", server.address)
     assert result.returncode == 1 and "cannot listen" in result.stderr
+
+
+def test_console_script_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "recdev-server")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--checkpoint-dir" in result.stdout and "--max-memory" in result.stdout
