@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "pooled_partial.h"
@@ -229,29 +230,27 @@ void RemoteTable::erase(const uint64_t* ids, size_t n) {
 
 uint32_t RemoteTable::gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const {
   check_ids(ids, n);
+  std::optional<uint32_t> width;  // every shard's answer has the table's one state width
   // The widest state is Adam's, 2 * dim floats.
-  uint32_t width = 0;
-  bool known = false;
-  std::vector<std::pair<const size_t*, StateResponse>> answers;
   fan_out_ids(ids, n, Opcode::GatherState, size_t{2} * dim_ * sizeof(float),
               [&](const Call& call, const size_t* positions, size_t count) {
-                StateResponse answer = answer_of<StateResponse>(call);
-                if (answer.state.size() != count * answer.width || (known && answer.width != width)) {
+                const StateResponse answer = answer_of<StateResponse>(call);
+                if (answer.state.size() != count * answer.width || (width && answer.width != *width)) {
                   bad_answer("GATHER_STATE");
                 }
-                width = answer.width;
-                known = true;
-                answers.emplace_back(positions, std::move(answer));
+                if (!width) {
+                  width = answer.width;
+                  out.assign(n * answer.width, 0.0f);
+                }
+                for (size_t k = 0; k < count; ++k) {
+                  std::copy_n(answer.state.data() + k * answer.width, answer.width, out.data() + positions[k] * answer.width);
+                }
               });
-  if (!known) width = optimizer_state_floats(optimizer().kind, dim_);
-  out.assign(n * width, 0.0f);
-  for (const auto& [positions, answer] : answers) {
-    const size_t count = answer.state.size() / std::max<uint32_t>(width, 1);
-    for (size_t k = 0; k < count && width > 0; ++k) {
-      std::memcpy(out.data() + positions[k] * width, answer.state.data() + k * width, width * sizeof(float));
-    }
+  if (!width) {
+    width = optimizer_state_floats(optimizer().kind, dim_);
+    out.assign(0, 0.0f);
   }
-  return width;
+  return *width;
 }
 
 void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
