@@ -91,10 +91,6 @@ void Socket::close() {
   fd_ = -1;
 }
 
-void Socket::shutdown_both() {
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-}
-
 bool Socket::read_exact(void* out, size_t size, Clock::time_point deadline, const char* what) {
   auto* bytes = static_cast<uint8_t*>(out);
   size_t done = 0;

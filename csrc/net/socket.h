@@ -34,8 +34,6 @@ class Socket {
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
   void close();
-  // Wakes a thread blocked on this socket in another thread (poll sees the hang-up).
-  void shutdown_both();
 
   // Reads exactly `size` bytes by `deadline`. Returns false if the peer closed the connection before
   // the first byte (a clean end between frames when `size` starts a frame); throws

@@ -13,7 +13,7 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture(scope="module")
 def token_server(tmp_path_factory):
-    from conftest import ServerProcess
+    from server_process import ServerProcess
 
     path = tmp_path_factory.mktemp("token") / "token"
     path.write_text(TOKEN + "\n")

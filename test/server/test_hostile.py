@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import wire
-from conftest import checksum
+from server_process import checksum
 from wire import OP, ServerError, array, frame, hello, init_rule, optimizer, u32, u64
 
 DIM = 8

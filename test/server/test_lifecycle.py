@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import wire
-from conftest import checksum
+from server_process import checksum
 from wire import ServerError, array, init_rule, optimizer, u64
 
 DIM = 8

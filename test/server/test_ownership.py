@@ -35,7 +35,7 @@ def test_even_over_shards_and_their_sub_shards():
 
 @pytest.fixture(scope="module")
 def shard1(request):
-    from conftest import ServerProcess
+    from server_process import ServerProcess
 
     process = ServerProcess("--listen", "127.0.0.1:0", "--shard", "1", "--num-shards", "2")
     yield process
