@@ -191,3 +191,12 @@ def test_a_forked_child_talks_on_its_own_connections(remote_shards):
         assert ops.emb_read(t, keys).sum().item() == 1200
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_idle_client_keeps_its_session_past_the_lease(start_shards):
+    servers = start_shards(2, "--lease-seconds", "1")
+    torch_recdev.connect(recdev_servers.server_list(servers))
+    with torch_recdev.placement("table"):
+        w = torch.full((100, 4), 2.0, device="recdev")
+    time.sleep(3)  # three leases with no request: open connections and the heartbeat keep the session
+    assert w.sum().item() == 800
