@@ -330,6 +330,7 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
                               std::to_string(request_ids[call]));
             return true;
           }
+          channel.payload = std::move(channel.connection->spare);
           channel.payload.resize(channel.header.payload_bytes);
         }
       }

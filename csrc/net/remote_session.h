@@ -64,6 +64,13 @@ struct ShardConnection {
   uint64_t epoch = 0;  // the shard's epoch when this connection said HELLO
   uint64_t next_request_id = 1;
   bool broken = false;  // not to be reused: a transport failure, or the server closes it
+  // A used answer buffer, kept for the next answer: fresh buffers of megabytes cost a page fault per
+  // page, more than reading the rows into them.
+  std::vector<uint8_t> spare;
+  void recycle(std::vector<uint8_t>&& buffer) {
+    constexpr size_t kMaxSpareBytes = size_t{64} << 20;
+    if (buffer.capacity() > spare.capacity() && buffer.capacity() <= kMaxSpareBytes) spare = std::move(buffer);
+  }
 };
 
 class RemoteSession {

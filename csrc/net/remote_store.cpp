@@ -136,6 +136,7 @@ void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size
   for (size_t k = 0; k < calls.size(); ++k) {
     const Piece& piece = pieces[k];
     take(calls[k], routed.positions[piece.shard].data() + piece.begin, piece.end - piece.begin);
+    lease.connection(piece.shard).recycle(std::move(calls[k].response));
   }
 }
 
