@@ -41,5 +41,6 @@ setup(
     entry_points={
         # `import torch` imports torch_recdev (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off).
         "torch.backends": ["recdev = torch_recdev:_autoload"],
+        "console_scripts": ["recdev-server = torch_recdev.server:main"],
     },
 )

@@ -9,7 +9,7 @@
 #include "fallback.h"
 #include "table_rows.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -153,7 +153,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // (offsets from 0, closed by an end offset).
   std::vector<int64_t> bounds(offsets.begin(), offsets.begin() + num_bags);
   bounds.push_back(include_last_offset ? offsets[num_bags] : static_cast<int64_t>(rows.size()));
-  store::Table& table = *device::table_block(weight.storage())->table;
+  store::TableHandle& table = *device::table_block(weight.storage())->table;
   float* out_data = static_cast<float*>(device::cpu_view(out).data_ptr());
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
   const float* weight_data = weights.defined() ? weights.const_data_ptr<float>() : nullptr;

@@ -15,7 +15,7 @@
 #include "../csrc/device/cpu_view.h"
 #include "table_rows.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/ops/_embedding_bag.h>
 #include <ATen/ops/_embedding_bag_backward.h>
@@ -41,13 +41,13 @@ bool updates_in_store(const at::Tensor& weight) {
   return device::is_table(weight);
 }
 
-store::Table& table_of(const at::Tensor& weight) {
+store::TableHandle& table_of(const at::Tensor& weight) {
   return *device::table_block(weight.storage())->table;
 }
 
 // The table of `weight`, which must have a fused optimizer to take a gradient.
-store::Table& trained_table(const at::Tensor& weight) {
-  store::Table& table = table_of(weight);
+store::TableHandle& trained_table(const at::Tensor& weight) {
+  store::TableHandle& table = table_of(weight);
   TORCH_CHECK(
       table.optimizer().kind != store::OptimizerKind::None,
       "recdev: this embedding weight is a store table with no fused optimizer, so backward has nowhere to put "
@@ -60,7 +60,7 @@ store::Table& trained_table(const at::Tensor& weight) {
 // Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the
 // table's optimizer.
 void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, const at::Tensor& grads) {
-  store::Table& table = trained_table(weight);
+  store::TableHandle& table = trained_table(weight);
   // An empty update still counts as a step (Adam's bias correction and
   // Adagrad's lr_decay follow the step count, as in torch).
   const at::Tensor g = grads.to(at::kFloat).contiguous();
@@ -233,7 +233,7 @@ void update_from_bag_grads(
     int64_t mode,
     bool include_last_offset,
     int64_t padding_idx) {
-  store::Table& table = trained_table(weight);
+  store::TableHandle& table = trained_table(weight);
   const at::Tensor bag_grads = device::CpuAccess(grad, "embedding_bag backward").cpu().to(at::kFloat).contiguous();
   const at::Tensor bag_offsets = on_cpu(offsets).to(at::kLong).contiguous();
   const at::Tensor weights =

@@ -8,7 +8,7 @@
 #include "../csrc/device/table_storage.h"
 #include "fallback.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <torch/library.h>
 

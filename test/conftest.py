@@ -3,9 +3,16 @@
 Every test runs with the global placement settings saved and restored, so a
 test that changes table_min_bytes, max_fallback_bytes or the placement
 override (or fails half-way through doing so) cannot leak into the next one.
+
+`store_backend` runs a test once on the embedded store and once on a remote
+store of two real recdev-server shards (started once per session); the
+table-storage, training and store-API suites use it for every test
+(their conftest.py files), so each of their tests checks both.
 """
 
 import pytest
+
+import recdev_servers
 
 import torch_recdev
 from torch_recdev import _C
@@ -20,3 +27,30 @@ def restore_table_settings():
     torch_recdev.set_table_min_bytes(min_bytes)
     torch_recdev.set_max_fallback_bytes(fallback_bytes)
     _C._set_placement(placement)
+
+
+@pytest.fixture(scope="session")
+def remote_shards(tmp_path_factory):
+    """Two recdev-server shards on loopback for the whole session: their server list."""
+    servers = recdev_servers.start_shards(2, log_dir=str(tmp_path_factory.mktemp("server-logs")))
+    yield recdev_servers.server_list(servers)
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(params=["embedded", "remote-2-shards"])
+def store_backend(request, monkeypatch):
+    """The current store for one test: embedded, or the two session shards (also for the fresh
+    interpreters a test starts, through RECDEV_SERVERS)."""
+    if request.param == "embedded":
+        monkeypatch.delenv("RECDEV_SERVERS", raising=False)
+        torch_recdev.connect(None)
+        yield request.param
+        return
+    servers = request.getfixturevalue("remote_shards")
+    monkeypatch.setenv("RECDEV_SERVERS", servers)
+    torch_recdev.connect(servers)
+    try:
+        yield request.param
+    finally:
+        torch_recdev.connect(None)

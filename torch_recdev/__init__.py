@@ -58,6 +58,7 @@ _run_backward_on_the_calling_thread()
 
 
 from . import compile_support, ops, optim, serialization, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
+from .ops import connect, store_info  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -70,12 +71,17 @@ from .tables import (  # noqa: E402
 )
 
 
+ops._connect_from_environment()
+
+
 __all__ = [
     "Constant",
     "Normal",
     "Uniform",
     "Xavier",
     "Zero",
+    "connect",
+    "store_info",
     "ops",
     "optim",
     "is_table",

@@ -229,17 +229,41 @@ def load(path: str | os.PathLike) -> list[str]:
     return list(_C._load_store(os.fspath(path)))
 
 
-def connect(address: Optional[str] = None) -> dict:
-    """Chooses the store: ``None`` (or "embedded") is the in-process store, the only
-    kind this version has. Server addresses (tcp://host:port,...) need recdev-server,
-    which this version does not include."""
-    if address not in (None, "embedded"):
-        raise ValueError(
-            f"connect({address!r}): this version of torch_recdev has only the embedded store; "
-            "use connect(None)"
-        )
+def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0) -> dict:
+    """Chooses the store that new tables, named tables, ``save`` and ``load`` go to; returns
+    ``store_info()``.
+
+    ``servers`` is ``"tcp://h1:7070,tcp://h2:7071"``: one ``recdev-server`` per shard, listed in
+    shard order (docs/remote.md). ``None`` (or ``"embedded"``) goes back to the in-process store.
+    ``token`` is the servers' ``--token-file`` token; ``timeout`` (seconds) bounds every wait for a
+    server, so a dead one gives a ``ConnectionError`` naming it instead of a hang. Every server is
+    reached now: a bad address, a wrong token or nothing listening fails here. Tables created
+    before keep working with the store they live in."""
+    if servers is not None and not isinstance(servers, str):
+        raise TypeError(f"connect: servers must be a string like 'tcp://host:7070,tcp://host:7071' or None; got {servers!r}")
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"connect: token must be a string or None; got {type(token).__name__}")
+    timeout = float(timeout)
+    if not timeout > 0:
+        raise ValueError(f"connect: timeout must be a positive number of seconds; got {timeout}")
+    _worker.submit(lambda: None).result()  # pending async operations go to the store they were issued to
+    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout)
     return store_info()
 
 
 def store_info() -> dict:
-    return {"kind": "embedded", "servers": []}
+    """The current store: ``kind`` ("embedded" or "remote"), ``servers`` (``tcp://`` addresses, in
+    shard order; empty when embedded), ``shards`` (how many), and ``timeout`` (remote only)."""
+    return dict(_C._store_info())
+
+
+def _connect_from_environment() -> None:
+    """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``) makes the remote store current
+    at import."""
+    servers = os.environ.get("RECDEV_SERVERS", "").strip()
+    if not servers:
+        return
+    try:
+        connect(servers, token=os.environ.get("RECDEV_TOKEN"), timeout=float(os.environ.get("RECDEV_TIMEOUT", "30")))
+    except (ConnectionError, PermissionError, ValueError, RuntimeError) as error:
+        raise type(error)(f"RECDEV_SERVERS={servers!r}: {error}") from error

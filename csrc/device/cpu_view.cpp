@@ -5,7 +5,7 @@
 #include "storage_context.h"
 #include "table_storage.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/core/TensorBase.h>
 #include <c10/core/StorageImpl.h>

@@ -1,5 +1,5 @@
 // The torch_recdev._C extension module: the few entry points Python needs
-// that the dispatcher does not already expose, and the store's test binding.
+// that the dispatcher does not already expose, the store's test binding and the server's binding.
 
 #include "generator.h"
 #include "host_block_cache.h"
@@ -8,8 +8,9 @@
 #include "table_serialization.h"
 #include "table_storage.h"
 
+#include "net/py_server.h"
 #include "store/py_store.h"
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
@@ -87,4 +88,5 @@ PYBIND11_MODULE(_C, m) {
   device::bind_table_api(m);
   device::bind_table_serialization(m);
   recdev::store::bind(m);
+  recdev::net::bind(m);
 }

@@ -1,11 +1,11 @@
 #include "table_api.h"
 
+#include "current_store.h"
 #include "generator.h"
 #include "table_storage.h"
 
-#include "store/checkpoint.h"
-#include "store/store.h"
-#include "store/table.h"
+#include "net/remote_store.h"
+#include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
 
@@ -15,7 +15,7 @@ namespace recdev::device {
 
 namespace {
 
-store::Table& table_of(const at::Tensor& t, const char* what) {
+store::TableHandle& table_of(const at::Tensor& t, const char* what) {
   if (!is_table(t)) {
     throw py::value_error(std::string(what) + ": the tensor is not on recdev table storage (torch_recdev.is_table)");
   }
@@ -24,7 +24,7 @@ store::Table& table_of(const at::Tensor& t, const char* what) {
 
 // Keys as the store's row ids: a 1-D int64 or uint64 CPU or recdev tensor,
 // every key in [0, rows).
-std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::Table& table, const char* what) {
+std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::TableHandle& table, const char* what) {
   if (keys.dim() != 1 || (keys.scalar_type() != at::kLong && keys.scalar_type() != at::kUInt64)) {
     throw py::type_error(
         std::string(what) + ": keys must be a 1-D int64 or uint64 tensor of row ids; got " + keys.toString() +
@@ -46,7 +46,7 @@ std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::Table& table,
 }
 
 // Rows given for `n` keys: a float32 [n, dim] tensor, as contiguous CPU.
-at::Tensor rows_of(const at::Tensor& values, size_t n, const store::Table& table, const char* what) {
+at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle& table, const char* what) {
   const int64_t dim = table.config().dim;
   if (values.scalar_type() != at::kFloat || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
       values.size(1) != dim) {
@@ -64,28 +64,29 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   store::TableConfig config;
   config.num_rows = static_cast<uint64_t>(num_embeddings);
   config.dim = static_cast<uint32_t>(embedding_dim);
-  store::Store& store = embedded_store();
-  uint64_t id;
-  if (auto existing = store.find(name)) {
-    const store::TableConfig found = store.table(*existing)->config();
+  std::shared_ptr<store::StoreClient> client = current_store();
+  std::shared_ptr<store::TableHandle> table;
+  if (auto existing = client->find(name)) {
+    const store::TableConfig found = (*existing)->config();
     if (found.num_rows != config.num_rows || found.dim != config.dim) {
       throw py::value_error(
           "init_embedding_table: table '" + name + "' exists with " + std::to_string(found.num_rows) + " x " +
           std::to_string(found.dim) + " rows; asked for " + std::to_string(num_embeddings) + " x " +
           std::to_string(embedding_dim));
     }
-    id = *existing;
+    table = std::move(*existing);
   } else {
-    id = store.create_named_table(name, config);
+    table = client->named_table(name, config);
   }
-  c10::Storage storage = wrap_table(store.table(id), config.num_rows * config.dim * 4, config.dim * 4, false);
+  c10::Storage storage =
+      wrap_table(std::move(table), std::move(client), config.num_rows * config.dim * 4, config.dim * 4, false);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<float>());
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous({num_embeddings, embedding_dim});
   return tensor;
 }
 
-store::InitRule rule_of(const std::string& kind, double a, double b, const store::Table& table) {
+store::InitRule rule_of(const std::string& kind, double a, double b, const store::TableHandle& table) {
   store::InitRule rule;
   if (kind == "zero") rule.kind = store::InitKind::Zero;
   else if (kind == "constant") rule.kind = store::InitKind::Constant;
@@ -102,7 +103,7 @@ store::InitRule rule_of(const std::string& kind, double a, double b, const store
 
 // emb_init(keys, strategy): the rows' values under the rule, written.
 void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& kind, double a, double b) {
-  store::Table& table = table_of(t, "emb_init");
+  store::TableHandle& table = table_of(t, "emb_init");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_init");
   const store::InitRule rule = rule_of(kind, a, b, table);
   const store::TableConfig config = table.config();
@@ -115,7 +116,7 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
 }
 
 at::Tensor read_rows(const at::Tensor& t, const at::Tensor& keys) {
-  store::Table& table = table_of(t, "emb_read");
+  store::TableHandle& table = table_of(t, "emb_read");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_read");
   at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), static_cast<int64_t>(table.config().dim)}, at::kFloat);
   py::gil_scoped_release no_gil;
@@ -124,7 +125,7 @@ at::Tensor read_rows(const at::Tensor& t, const at::Tensor& keys) {
 }
 
 void write_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& values) {
-  store::Table& table = table_of(t, "emb_write");
+  store::TableHandle& table = table_of(t, "emb_write");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_write");
   const at::Tensor rows = rows_of(values, ids.size(), table, "emb_write");
   py::gil_scoped_release no_gil;
@@ -132,7 +133,7 @@ void write_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& v
 }
 
 void update_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
-  store::Table& table = table_of(t, "emb_update");
+  store::TableHandle& table = table_of(t, "emb_update");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_update");
   const at::Tensor rows = rows_of(grads, ids.size(), table, "emb_update");
   py::gil_scoped_release no_gil;
@@ -140,7 +141,7 @@ void update_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& 
 }
 
 at::Tensor exists(const at::Tensor& t, const at::Tensor& keys) {
-  store::Table& table = table_of(t, "emb_exists");
+  store::TableHandle& table = table_of(t, "emb_exists");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_exists");
   at::Tensor out = at::empty({static_cast<int64_t>(ids.size())}, at::kBool);
   table.exists(ids.data(), ids.size(), reinterpret_cast<uint8_t*>(out.data_ptr<bool>()));
@@ -148,7 +149,7 @@ at::Tensor exists(const at::Tensor& t, const at::Tensor& keys) {
 }
 
 void erase(const at::Tensor& t, const at::Tensor& keys) {
-  store::Table& table = table_of(t, "emb_delete");
+  store::TableHandle& table = table_of(t, "emb_delete");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_delete");
   table.erase(ids.data(), ids.size());
 }
@@ -177,12 +178,40 @@ void set_optimizer(const at::Tensor& t, const std::string& kind, const std::map<
   table_of(t, "set_optimizer").set_optimizer(config);
 }
 
+// torch_recdev.connect(): servers make the current store remote; None makes it embedded again.
+py::dict store_info() {
+  const std::shared_ptr<store::StoreClient> client = current_store();
+  py::dict info;
+  info["kind"] = client->kind();
+  info["servers"] = client->servers();
+  info["shards"] = client->servers().size();
+  if (const auto* remote = dynamic_cast<const net::RemoteStoreClient*>(client.get())) {
+    info["timeout"] = remote->timeout_seconds();
+  }
+  return info;
+}
+
+void connect(const std::optional<std::string>& servers, const std::string& token, double timeout_seconds) {
+  if (!servers) {
+    set_current_store(embedded_store());
+    return;
+  }
+  std::shared_ptr<store::StoreClient> client;
+  {
+    py::gil_scoped_release no_gil;
+    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds);
+  }
+  set_current_store(std::move(client));
+}
+
 } // namespace
 
 void bind_table_api(py::module_& m) {
+  m.def("_connect", &connect);
+  m.def("_store_info", &store_info);
   m.def("_named_table", &named_table);
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
-    store::Table& table = table_of(t, "emb_init");
+    store::TableHandle& table = table_of(t, "emb_init");
     table.set_init(rule_of(kind, a, b, table));
   });
   m.def("_init_rows", &init_rows);
@@ -199,11 +228,11 @@ void bind_table_api(py::module_& m) {
   });
   m.def("_save_store", [](const std::string& path) {
     py::gil_scoped_release no_gil;
-    store::save_store(path, embedded_store());
+    current_store()->save(path);
   });
   m.def("_load_store", [](const std::string& path) {
     py::gil_scoped_release no_gil;
-    return store::load_store(path, embedded_store());
+    return current_store()->load(path);
   });
 }
 

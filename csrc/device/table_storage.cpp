@@ -1,29 +1,25 @@
 #include "table_storage.h"
 
 #include "allocator.h"
+#include "current_store.h"
 #include "opaque_address.h"
 #include "placement.h"
 
-#include "store/store.h"
+#include "store/table_handle.h"
 
 #include <c10/core/StorageImpl.h>
 
 namespace recdev::device {
 
-store::Store& embedded_store() {
-  // Leaked on purpose: storages freed during interpreter shutdown still
-  // reach it.
-  static store::Store* instance = new store::Store();
-  return *instance;
-}
-
 TableBlock::TableBlock(
-    std::shared_ptr<store::Table> table_in,
+    std::shared_ptr<store::TableHandle> table_in,
+    std::shared_ptr<store::StoreClient> client_in,
     uint64_t nbytes_in,
     uint32_t row_bytes_in,
     bool owns_table_in)
     : StorageContext(StorageKind::Table),
       table(std::move(table_in)),
+      client(std::move(client_in)),
       nbytes(nbytes_in),
       row_bytes(row_bytes_in),
       base(reserve_opaque_range(nbytes_in)),
@@ -32,12 +28,17 @@ TableBlock::TableBlock(
 TableBlock::~TableBlock() {
   release_opaque_range(base);
   if (owns_table) {
-    embedded_store().free_table(table->id());
+    client->free_table(*table);
   }
 }
 
-c10::Storage wrap_table(std::shared_ptr<store::Table> table, uint64_t nbytes, uint32_t row_bytes, bool owns_table) {
-  auto block = std::make_unique<TableBlock>(std::move(table), nbytes, row_bytes, owns_table);
+c10::Storage wrap_table(
+    std::shared_ptr<store::TableHandle> table,
+    std::shared_ptr<store::StoreClient> client,
+    uint64_t nbytes,
+    uint32_t row_bytes,
+    bool owns_table) {
+  auto block = std::make_unique<TableBlock>(std::move(table), std::move(client), nbytes, row_bytes, owns_table);
   void* address = reinterpret_cast<void*>(block->base);
   c10::DataPtr data_ptr(
       address, block.release(), &delete_storage_context, c10::Device(c10::DeviceType::PrivateUse1, 0));
@@ -54,12 +55,12 @@ c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes) {
   store::TableConfig config;
   config.num_rows = (nbytes + row_bytes - 1) / row_bytes;
   config.dim = row_bytes / 4;
-  store::Store& store = embedded_store();
-  const uint64_t id = store.create_table(config, /*init_stream=*/0);
+  std::shared_ptr<store::StoreClient> client = current_store();
+  std::shared_ptr<store::TableHandle> table = client->create_table(config, /*init_stream=*/0);
   try {
-    return wrap_table(store.table(id), nbytes, row_bytes, /*owns_table=*/true);
+    return wrap_table(table, client, nbytes, row_bytes, /*owns_table=*/true);
   } catch (...) {
-    store.free_table(id);
+    client->free_table(*table);
     throw;
   }
 }

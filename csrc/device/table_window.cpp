@@ -1,6 +1,6 @@
 #include "table_window.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>

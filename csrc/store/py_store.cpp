@@ -45,6 +45,9 @@ void translate_store_error(std::exception_ptr error) {
       case ErrorCode::Corrupt: type = PyExc_ValueError; break;
       case ErrorCode::Io: type = PyExc_OSError; break;
       case ErrorCode::Full: type = store_full_error != nullptr ? store_full_error : PyExc_MemoryError; break;
+      case ErrorCode::Unavailable: type = PyExc_ConnectionError; break;
+      case ErrorCode::PermissionDenied: type = PyExc_PermissionError; break;
+      case ErrorCode::Protocol: break;  // RuntimeError: the two sides disagree on the protocol
     }
     // "replace": a message quoting a damaged file's table name may not be valid UTF-8.
     const std::string message = e.what();
@@ -77,14 +80,16 @@ class ContiguousBytes {
   Py_buffer view_;
 };
 
-py::array_t<float> gather(Table& table, const IdArray& ids) {
+// The rows of ids read by `read` (Table::gather or Table::peek), as an [n, dim] array.
+template <typename Read>
+py::array_t<float> read_rows(const Table& table, const IdArray& ids, Read read) {
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
   const uint32_t dim = table.config().dim;
   py::array_t<float> out({py::ssize_t(n), py::ssize_t(dim)});
   float* out_ptr = out.mutable_data();
   py::gil_scoped_release release;
-  table.gather(id_ptr, n, out_ptr);
+  read(id_ptr, n, out_ptr);
   return out;
 }
 
@@ -108,6 +113,14 @@ BagArrays bag_arrays(const IdArray& ids, const OffsetArray& offsets,
     weights = per_sample_weights->data();
   }
   return {size_t(offsets.size()) - (include_last_offset ? 1 : 0), weights};
+}
+
+py::array_t<float> gather(Table& table, const IdArray& ids) {
+  return read_rows(table, ids, [&](const uint64_t* id_ptr, size_t n, float* out) { table.gather(id_ptr, n, out); });
+}
+
+py::array_t<float> peek(const Table& table, const IdArray& ids) {
+  return read_rows(table, ids, [&](const uint64_t* id_ptr, size_t n, float* out) { table.peek(id_ptr, n, out); });
 }
 
 py::tuple gather_pooled(Table& table, const IdArray& ids, const OffsetArray& offsets, PoolingMode mode,
@@ -396,6 +409,7 @@ void bind_tables(py::module_& s) {
       .def_property_readonly("init_stream", &Table::init_stream)
       .def("set_init", &Table::set_init, py::arg("rule"), py::call_guard<py::gil_scoped_release>())
       .def("gather", &gather, py::arg("ids"))
+      .def("peek", &peek, py::arg("ids"))
       .def("gather_pooled", &gather_pooled, py::arg("ids"), py::arg("offsets"), py::arg("mode") = PoolingMode::Sum,
            py::arg("per_sample_weights") = py::none(), py::arg("include_last_offset") = false,
            py::arg("padding_idx") = -1,

@@ -266,6 +266,11 @@ void Table::gather(const uint64_t* ids, size_t n, float* out) {
   read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::Materialize);
 }
 
+void Table::peek(const uint64_t* ids, size_t n, float* out) const {
+  check_ids(ids, n);
+  read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::ComputeInit);
+}
+
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, float* out, int64_t* max_positions) {

@@ -120,6 +120,9 @@ class Table {
   // out: n * dim floats. Materializes the rows that are not.
   void gather(const uint64_t* ids, size_t n, float* out);
 
+  // Like gather, but a row that is not materialized gives its init value and stays unmaterialized.
+  void peek(const uint64_t* ids, size_t n, float* out) const;
+
   // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags * dim;
   // max_positions (Max only, may be null) is num_bags * dim. Materializes the rows it reads; rows
   // equal to padding_idx are neither read nor materialized.

@@ -98,6 +98,17 @@ def test_gather_materializes_and_read_bytes_does_not(store_mod, normal_table):
     assert normal_table.exists(ids).all()
 
 
+def test_peek_reads_init_values_without_materializing(store_mod, normal_table):
+    ids = np.array([5, 2, 5], np.uint64)
+    expected = DenseModel(store_mod, normal_table).init[[5, 2, 5]]
+    normal_table.write(np.array([2], np.uint64), np.full((1, 5), 7.0, np.float32))
+    expected[1] = 7.0
+    np.testing.assert_array_equal(normal_table.peek(ids), expected)
+    assert normal_table.exists(ids).tolist() == [False, True, False]
+    with pytest.raises(IndexError):
+        normal_table.peek(np.array([40], np.uint64))
+
+
 def test_partial_row_write_keeps_the_rest_of_the_row(store_mod, normal_table):
     init = DenseModel(store_mod, normal_table).init
     # Bytes 6..13 of row 2: the upper half of element 1, all of element 2, the lower half of element 3.

@@ -15,3 +15,9 @@ def seeded_single_thread():
     torch.manual_seed(0)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def on_every_store(store_backend):
+    """Each test runs on the embedded store and on two remote shards (test/conftest.py)."""
+    yield store_backend

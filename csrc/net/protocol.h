@@ -1,0 +1,381 @@
+// The recdev wire protocol, version 1: frames, the handshake, and every request and response as a
+// plain struct with its encode/decode, shared by recdev-server and the client. docs/protocol.md is
+// the byte-level reference; this file and it change together.
+//
+//   frame := u32 payload_length | u8 opcode | u8 flags | u16 reserved = 0 | u64 request_id | payload
+//
+// A response carries the opcode and request_id of its request (a connection may pipeline); flags
+// bit 0 marks an error response, whose payload is ErrorResponse. Requests have flags = 0.
+// Compatibility: opcodes, field order and ErrorCode values are fixed for a version; a change that an
+// old peer would misread bumps kProtocolVersion.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/embedding_bag.h"
+#include "store/errors.h"
+#include "store/init_rule.h"
+#include "store/optimizer.h"
+#include "store/table.h"
+#include "wire.h"
+
+namespace recdev::net {
+
+constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+// Caps, checked before anything is allocated. A client splits larger batches into several requests.
+constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
+constexpr size_t kMaxNameBytes = 4096;
+constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMaxMessageBytes = 64 * 1024;
+// A table whose record (weight plus the widest optimizer state, Adam's 2 * dim) could not travel in
+// one frame is refused at creation: dim <= 2^24.
+constexpr uint32_t kMaxDim = uint32_t{1} << 24;
+
+enum class Opcode : uint8_t {
+  Hello = 1,
+  Ping = 2,
+  Stats = 3,
+  CreateTable = 10,
+  OpenNamed = 11,
+  Find = 12,
+  FreeTable = 13,
+  List = 14,
+  GetTableInfo = 15,
+  SetInit = 16,
+  Gather = 20,
+  Peek = 21,
+  GatherPooledPartial = 22,
+  Write = 23,
+  WriteBytes = 24,
+  Exists = 25,
+  Erase = 26,
+  Update = 27,
+  GatherState = 28,
+  SetOptimizer = 30,
+  SetLearningRate = 31,
+  SetStep = 32,
+  Dump = 40,
+  BeginLoad = 41,
+  LoadRows = 42,
+  CommitLoad = 43,
+  AbortLoad = 44,
+};
+
+// "GATHER", ..., or nullptr for a byte that is no opcode.
+const char* opcode_name(uint8_t opcode);
+
+constexpr uint8_t kFlagError = 1;
+
+struct FrameHeader {
+  uint32_t payload_bytes = 0;
+  Opcode opcode = Opcode::Ping;
+  uint8_t flags = 0;
+  uint64_t request_id = 0;
+};
+
+void encode_header(const FrameHeader& header, uint8_t out[kHeaderBytes]);
+// Throws StoreError(Protocol) for a payload past kMaxPayloadBytes, an unknown opcode, unknown flags
+// or a non-zero reserved field.
+FrameHeader decode_header(const uint8_t in[kHeaderBytes]);
+
+// A whole frame in one buffer: header then the encoded message.
+template <class Message>
+std::vector<uint8_t> encode_frame(Opcode opcode, uint64_t request_id, const Message& message, uint8_t flags = 0);
+// The same into an existing buffer, whose capacity is reused (a server answering large gathers
+// would otherwise fault in fresh pages for every response).
+template <class Message>
+void encode_frame_into(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, const Message& message,
+                       uint8_t flags = 0);
+// Fills in the header of a frame whose payload was appended after kHeaderBytes of room.
+void finish_frame(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, uint8_t flags = 0);
+
+// Decodes a payload that must hold exactly one Message.
+template <class Message>
+Message decode_payload(const uint8_t* payload, size_t size, const char* what);
+
+// ---- Row ownership ----
+
+// The shard that owns row `row_id` of a table with routing key `route_key`, among num_shards >= 1:
+// a stable 64-bit mix of both (independent of the bits store::shard_of takes from the row's hash,
+// so each server's rows spread evenly over its sub-shards), mapped to [0, num_shards) by its high bits.
+uint32_t owner_shard(uint64_t route_key, uint64_t row_id, uint32_t num_shards);
+// The routing key of a named table: a stable hash of its name (anonymous tables get theirs from the
+// client at CreateTable).
+uint64_t route_key_of_name(const std::string& name);
+
+// ---- Messages ----
+
+struct Empty {};
+
+struct ErrorResponse {
+  store::ErrorCode code = store::ErrorCode::Protocol;
+  std::string message;
+};
+
+struct Hello {
+  uint16_t version = kProtocolVersion;
+  std::string token;
+  uint64_t session_id = 0;  // 0: start a new session; else resume that one
+};
+
+struct Welcome {
+  uint16_t version = kProtocolVersion;
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  uint64_t session_id = 0;
+  double lease_seconds = 0;
+  uint32_t max_payload_bytes = kMaxPayloadBytes;
+};
+
+struct ServerStats {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  uint64_t tables = 0;        // named and anonymous
+  uint64_t named_tables = 0;
+  uint64_t rows = 0;          // materialized rows of every table
+  uint64_t bytes = 0;         // memory held by every table, staged loads and dump snapshots
+  uint64_t max_memory = 0;    // --max-memory, 0 = no limit
+  uint64_t requests = 0;      // requests answered since start
+  uint64_t errors = 0;        // of them, error responses
+  uint64_t connections = 0;   // open now
+  uint64_t sessions = 0;      // live now
+  double uptime_seconds = 0;
+};
+
+struct TableRequest {  // FreeTable, GetTableInfo
+  uint64_t table_id = 0;
+};
+
+struct CreateTableRequest {
+  store::TableConfig config;
+  std::optional<uint64_t> init_stream;  // none: the server's table id
+  uint64_t route_key = 0;
+};
+
+struct TableIdResponse {
+  uint64_t table_id = 0;
+};
+
+struct OpenNamedRequest {
+  std::string name;
+  store::TableConfig config;
+};
+
+struct NameRequest {  // Find
+  std::string name;
+};
+
+struct TableDescription {
+  uint64_t table_id = 0;
+  store::TableConfig config;
+  uint64_t init_stream = 0;
+  store::OptimizerConfig optimizer;
+  uint64_t optimizer_step = 0;
+};
+
+struct FindResponse {
+  std::optional<TableDescription> table;
+};
+
+struct ListEntry {
+  uint64_t table_id = 0;
+  std::string name;  // empty: an anonymous table of this session
+  uint64_t route_key = 0;
+};
+
+struct ListResponse {
+  std::vector<ListEntry> tables;
+};
+
+struct TableInfoResponse {
+  TableDescription table;
+  std::string name;
+  uint64_t route_key = 0;
+  store::TableStats stats{};
+};
+
+struct SetInitRequest {
+  uint64_t table_id = 0;
+  store::InitRule rule;
+};
+
+struct IdsRequest {  // Gather, Peek, Exists, Erase, GatherState
+  uint64_t table_id = 0;
+  std::vector<uint64_t> ids;
+};
+
+struct RowsRequest {  // Write (rows), Update (gradients): ids.size() * dim floats
+  uint64_t table_id = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> rows;
+};
+
+struct FloatsResponse {  // Gather, Peek: ids.size() * dim floats
+  std::vector<float> values;
+};
+
+struct ExistsResponse {
+  std::vector<uint8_t> exists;  // 1 materialized, 0 not
+};
+
+struct StateResponse {
+  uint32_t width = 0;  // state floats per row
+  std::vector<float> state;
+};
+
+// Partial embedding_bag over this shard's ids: the client sends each shard the ids it owns with bag
+// offsets rebased to them, and combines the partial results (docs/protocol.md).
+struct PooledPartialRequest {
+  uint64_t table_id = 0;
+  std::vector<uint64_t> ids;
+  std::vector<uint64_t> offsets;  // bag starts: offsets[0] = 0, non-decreasing, <= ids.size()
+  store::PoolingMode mode = store::PoolingMode::Sum;
+  std::optional<std::vector<float>> per_sample_weights;  // Sum only, one per id
+  int64_t padding_idx = -1;
+};
+
+struct PooledPartialResponse {
+  std::vector<float> values;      // num_bags * dim: sums (Sum, Mean) or maxima (Max; 0 for no row)
+  std::vector<uint32_t> counts;   // Sum, Mean: num_bags non-padding ids per bag; Max: empty
+  std::vector<int32_t> positions; // Max: num_bags * dim positions in ids (-1 for no row); else empty
+};
+
+struct WriteBytesRequest {
+  uint64_t table_id = 0;
+  uint64_t byte_offset = 0;
+  std::vector<uint8_t> data;
+};
+
+struct SetOptimizerRequest {
+  uint64_t table_id = 0;
+  store::OptimizerConfig optimizer;
+};
+
+struct SetLearningRateRequest {
+  uint64_t table_id = 0;
+  double lr = 0;
+};
+
+struct SetStepRequest {
+  uint64_t table_id = 0;
+  uint64_t step = 0;
+};
+
+struct DumpRequest {
+  uint64_t table_id = 0;
+  uint64_t snapshot_id = 0;  // 0: take a new snapshot of the table; else continue that one
+  uint32_t max_rows = 0;     // rows in this response, at least 1
+};
+
+struct DumpResponse {
+  uint64_t snapshot_id = 0;
+  TableDescription table;   // as of the snapshot
+  uint64_t total_rows = 0;  // materialized rows in the snapshot
+  uint32_t record_floats = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> records;  // ids.size() * record_floats: weight then optimizer state
+  bool done = false;           // the last rows; the snapshot is released
+};
+
+struct BeginLoadRequest {
+  std::string name;  // a named table, created at commit if it does not exist
+  store::TableConfig config;
+  uint64_t init_stream = 0;
+  store::OptimizerConfig optimizer;
+  uint64_t optimizer_step = 0;
+};
+
+struct LoadIdResponse {
+  uint64_t load_id = 0;
+};
+
+struct LoadRowsRequest {
+  uint64_t load_id = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> records;  // ids.size() * (dim + state_floats)
+};
+
+struct LoadRequest {  // AbortLoad
+  uint64_t load_id = 0;
+};
+
+struct CommitLoadRequest {
+  std::vector<uint64_t> load_ids;
+};
+
+struct CommitLoadResponse {
+  std::vector<uint64_t> table_ids;  // one per load id, in order
+};
+
+// Each message type has encode(Writer&, const M&) and decode(Reader&, M&) overloads.
+#define RECDEV_NET_MESSAGE(M)          \
+  void encode(Writer& out, const M& m); \
+  void decode(Reader& in, M& m);
+RECDEV_NET_MESSAGE(Empty)
+RECDEV_NET_MESSAGE(ErrorResponse)
+RECDEV_NET_MESSAGE(Hello)
+RECDEV_NET_MESSAGE(Welcome)
+RECDEV_NET_MESSAGE(ServerStats)
+RECDEV_NET_MESSAGE(TableRequest)
+RECDEV_NET_MESSAGE(CreateTableRequest)
+RECDEV_NET_MESSAGE(TableIdResponse)
+RECDEV_NET_MESSAGE(OpenNamedRequest)
+RECDEV_NET_MESSAGE(NameRequest)
+RECDEV_NET_MESSAGE(TableDescription)
+RECDEV_NET_MESSAGE(FindResponse)
+RECDEV_NET_MESSAGE(ListResponse)
+RECDEV_NET_MESSAGE(TableInfoResponse)
+RECDEV_NET_MESSAGE(SetInitRequest)
+RECDEV_NET_MESSAGE(IdsRequest)
+RECDEV_NET_MESSAGE(RowsRequest)
+RECDEV_NET_MESSAGE(FloatsResponse)
+RECDEV_NET_MESSAGE(ExistsResponse)
+RECDEV_NET_MESSAGE(StateResponse)
+RECDEV_NET_MESSAGE(PooledPartialRequest)
+RECDEV_NET_MESSAGE(PooledPartialResponse)
+RECDEV_NET_MESSAGE(WriteBytesRequest)
+RECDEV_NET_MESSAGE(SetOptimizerRequest)
+RECDEV_NET_MESSAGE(SetLearningRateRequest)
+RECDEV_NET_MESSAGE(SetStepRequest)
+RECDEV_NET_MESSAGE(DumpRequest)
+RECDEV_NET_MESSAGE(DumpResponse)
+RECDEV_NET_MESSAGE(BeginLoadRequest)
+RECDEV_NET_MESSAGE(LoadIdResponse)
+RECDEV_NET_MESSAGE(LoadRowsRequest)
+RECDEV_NET_MESSAGE(LoadRequest)
+RECDEV_NET_MESSAGE(CommitLoadRequest)
+RECDEV_NET_MESSAGE(CommitLoadResponse)
+#undef RECDEV_NET_MESSAGE
+
+template <class Message>
+void encode_frame_into(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_id, const Message& message,
+                       uint8_t flags) {
+  frame.resize(kHeaderBytes);
+  Writer out(frame);
+  encode(out, message);
+  finish_frame(frame, opcode, request_id, flags);
+}
+
+template <class Message>
+std::vector<uint8_t> encode_frame(Opcode opcode, uint64_t request_id, const Message& message, uint8_t flags) {
+  std::vector<uint8_t> frame;
+  encode_frame_into(frame, opcode, request_id, message, flags);
+  return frame;
+}
+
+template <class Message>
+Message decode_payload(const uint8_t* payload, size_t size, const char* what) {
+  Reader in(payload, size);
+  Message message;
+  decode(in, message);
+  in.expect_end(what);
+  return message;
+}
+
+}  // namespace recdev::net

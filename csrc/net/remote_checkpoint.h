@@ -1,0 +1,24 @@
+// Checkpoints of a remote store: every named table, with its optimizer state, in one file on the
+// client machine, in checkpoint.h's format — the same file ops.save writes for the embedded store,
+// so either kind of store loads what the other saved.
+//
+// save reads each table from every shard with DUMP (a point-in-time snapshot per shard), assembles
+// it in a private in-process store and writes that with store::save_store. load verifies the whole
+// file with store::load_store into a private store first (nothing is sent for a damaged file), then
+// stages every table on every shard (BEGIN_LOAD, LOAD_ROWS) and installs them with one COMMIT_LOAD
+// per shard; a failure before the commit aborts every staged load, leaving the servers as they were.
+// Both hold the named tables' materialized rows in client memory while they run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "remote_session.h"
+
+namespace recdev::net {
+
+void save_checkpoint(RemoteSession& session, const std::string& path);
+// The names of the tables loaded.
+std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path);
+
+}  // namespace recdev::net

@@ -1,0 +1,416 @@
+#include "remote_session.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "store/errors.h"
+
+namespace recdev::net {
+
+using store::ErrorCode;
+using store::StoreError;
+
+namespace {
+
+constexpr size_t kMaxIdleConnections = 8;
+constexpr std::string_view kScheme = "tcp://";
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(int64_t(seconds * 1000.0));
+}
+
+std::string seconds_text(double seconds) {
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text + " s";
+}
+
+// A connection's progress through the calls of one exchange.
+struct Channel {
+  size_t shard = 0;
+  ShardConnection* connection = nullptr;
+  std::vector<size_t> calls;  // indices into the exchange's calls, in send order
+  size_t send_index = 0;      // the call being sent, and how much of its frame is out
+  size_t send_offset = 0;
+  size_t receive_index = 0;   // the call whose answer is being read
+  uint8_t header_bytes[kHeaderBytes];
+  size_t header_have = 0;
+  FrameHeader header;
+  std::vector<uint8_t> payload;
+  size_t payload_have = 0;
+  bool failed = false;
+
+  bool sending() const { return !failed && send_index < calls.size(); }
+  bool receiving() const { return !failed && receive_index < calls.size(); }
+};
+
+}  // namespace
+
+std::vector<std::string> parse_server_list(const std::string& list) {
+  std::vector<std::string> servers;
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    size_t end = list.find(',', begin);
+    if (end == std::string::npos) end = list.size();
+    std::string entry = list.substr(begin, end - begin);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    if (entry.empty()) {
+      throw StoreError(ErrorCode::InvalidArgument,
+                       "server list '" + list + "' has an empty entry; expected tcp://HOST:PORT,tcp://HOST:PORT,...");
+    }
+    if (entry.compare(0, kScheme.size(), kScheme) == 0) {
+      entry.erase(0, kScheme.size());
+    } else if (entry.find("://") != std::string::npos) {
+      throw StoreError(ErrorCode::InvalidArgument, "server '" + entry + "' in '" + list +
+                                                       "': only tcp:// addresses are supported (tcp://HOST:PORT)");
+    }
+    servers.push_back(format_host_port(parse_host_port(entry)));
+    begin = end + 1;
+  }
+  for (size_t i = 0; i < servers.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (servers[i] == servers[j]) {
+        throw StoreError(ErrorCode::InvalidArgument,
+                         "server list '" + list + "' names " + servers[i] + " twice; list each shard's server once");
+      }
+    }
+  }
+  return servers;
+}
+
+RemoteSession::RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds)
+    : servers_(std::move(servers)), token_(std::move(token)), timeout_seconds_(timeout_seconds) {
+  if (servers_.empty()) throw StoreError(ErrorCode::InvalidArgument, "a remote store needs at least one server");
+  if (!(timeout_seconds_ > 0)) {
+    throw StoreError(ErrorCode::InvalidArgument, "timeout must be a positive number of seconds");
+  }
+  for (const std::string& address : servers_) {
+    auto link = std::make_unique<Link>();
+    link->address = address;
+    link->host_port = parse_host_port(address);
+    links_.push_back(std::move(link));
+  }
+  for (size_t shard = 0; shard < links_.size(); ++shard) release(shard, open(shard, timeout_seconds_));
+  heartbeat_thread_ = std::thread([this] { heartbeat(); });
+}
+
+RemoteSession::~RemoteSession() {
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mutex_);
+    stopping_ = true;
+  }
+  heartbeat_wake_.notify_all();
+  heartbeat_thread_.join();
+}
+
+std::string RemoteSession::describe(size_t shard) const {
+  return "recdev-server " + servers_[shard] + " (shard " + std::to_string(shard) + " of " +
+         std::to_string(servers_.size()) + ")";
+}
+
+RemoteSession::Lease::~Lease() {
+  for (size_t shard = 0; shard < connections_.size(); ++shard) {
+    if (connections_[shard]) session_.release(shard, std::move(connections_[shard]));
+  }
+}
+
+ShardConnection& RemoteSession::Lease::connection(size_t shard) {
+  if (!connections_[shard]) connections_[shard] = session_.acquire(shard);
+  return *connections_[shard];
+}
+
+std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
+  Link& link = *links_[shard];
+  while (true) {
+    std::unique_ptr<ShardConnection> connection;
+    {
+      std::lock_guard<std::mutex> lock(link.mutex);
+      // A forked child (a DataLoader worker) must not talk on its parent's sockets: their frames would
+      // interleave. It opens its own (in the same session).
+      if (::getpid() != pid_) link.idle.clear();
+      if (link.idle.empty()) break;
+      connection = std::move(link.idle.back());
+      link.idle.pop_back();
+    }
+    // An idle connection has nothing to read; if it has, the server closed it (it stopped, or
+    // restarted since): use another rather than fail the operation.
+    pollfd check{connection->socket.fd(), POLLIN, 0};
+    if (::poll(&check, 1, 0) == 0) return connection;
+  }
+  return open(shard, timeout_seconds_);
+}
+
+void RemoteSession::release(size_t shard, std::unique_ptr<ShardConnection> connection) {
+  if (connection->broken || ::getpid() != pid_) return;
+  Link& link = *links_[shard];
+  std::lock_guard<std::mutex> lock(link.mutex);
+  // A connection of an older epoch talks to a session the server has since replaced.
+  if (connection->epoch == link.epoch && link.idle.size() < kMaxIdleConnections) {
+    link.idle.push_back(std::move(connection));
+  }
+}
+
+std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeout_seconds) {
+  Link& link = *links_[shard];
+  std::lock_guard<std::mutex> connecting(link.connect_mutex);
+  uint64_t session_id;
+  {
+    std::lock_guard<std::mutex> lock(link.mutex);
+    session_id = link.session_id;
+  }
+  while (true) {
+    auto connection = std::make_unique<ShardConnection>();
+    try {
+      connection->socket = connect_to(link.host_port, to_ms(timeout_seconds));
+    } catch (const StoreError& e) {
+      throw StoreError(ErrorCode::Unavailable, describe(shard) + ": " + e.what() + " (is recdev-server running there?)");
+    }
+    Hello hello;
+    hello.token = token_;
+    hello.session_id = session_id;
+    std::vector<Call> calls;
+    calls.push_back(make_call(shard, Opcode::Hello, hello));
+    std::vector<ShardConnection*> connections(links_.size(), nullptr);
+    connections[shard] = connection.get();
+    try {
+      exchange_on(connections, calls, timeout_seconds);
+    } catch (const StoreError& e) {
+      if (e.code() == ErrorCode::NotFound && session_id != 0) {
+        session_id = 0;  // the server restarted, or our session lapsed there: start a new one
+        continue;
+      }
+      throw;
+    }
+    const Welcome welcome = answer_of<Welcome>(calls[0]);
+    if (welcome.version != kProtocolVersion) {
+      throw StoreError(ErrorCode::Protocol, describe(shard) + " speaks protocol version " +
+                                                std::to_string(welcome.version) + "; this client speaks " +
+                                                std::to_string(kProtocolVersion));
+    }
+    if (welcome.shard != shard || welcome.num_shards != links_.size()) {
+      throw StoreError(ErrorCode::InvalidArgument,
+                       describe(shard) + " serves shard " + std::to_string(welcome.shard) + " of " +
+                           std::to_string(welcome.num_shards) +
+                           "; list every shard's server once, in shard order (tcp://shard0,tcp://shard1,...)");
+    }
+    std::lock_guard<std::mutex> lock(link.mutex);
+    if (welcome.session_id != link.session_id) {
+      if (link.session_id != 0) ++link.epoch;
+      link.session_id = welcome.session_id;
+    }
+    link.lease_seconds = welcome.lease_seconds;
+    connection->epoch = link.epoch;
+    return connection;
+  }
+}
+
+void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls) {
+  std::vector<ShardConnection*> connections(links_.size(), nullptr);
+  for (const Call& call : calls) {
+    if (connections[call.shard] == nullptr) connections[call.shard] = &lease.connection(call.shard);
+  }
+  exchange_on(connections, calls, timeout_seconds_);
+}
+
+void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
+                                double timeout_seconds) {
+  std::vector<Channel> channels;
+  std::vector<size_t> channel_of_shard(connections.size(), SIZE_MAX);
+  std::vector<uint64_t> request_ids(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Call& call = calls[i];
+    size_t& channel = channel_of_shard[call.shard];
+    if (channel == SIZE_MAX) {
+      channel = channels.size();
+      channels.emplace_back();
+      channels.back().shard = call.shard;
+      channels.back().connection = connections[call.shard];
+    }
+    request_ids[i] = channels[channel].connection->next_request_id++;
+    finish_frame(call.frame, call.opcode, request_ids[i]);
+    channels[channel].calls.push_back(i);
+  }
+
+  std::vector<std::exception_ptr> errors(calls.size());
+  auto op_of = [&](size_t call) { return std::string(opcode_name(uint8_t(calls[call].opcode))); };
+  // Every call of the channel still unanswered fails with the reason; the connection is dropped.
+  auto fail = [&](Channel& channel, const std::string& reason) {
+    for (size_t k = channel.receive_index; k < channel.calls.size(); ++k) {
+      const size_t call = channel.calls[k];
+      errors[call] = std::make_exception_ptr(
+          StoreError(ErrorCode::Unavailable, describe(channel.shard) + ", " + op_of(call) + ": " + reason));
+    }
+    channel.failed = true;
+    channel.connection->broken = true;
+  };
+  auto deliver = [&](Channel& channel) {
+    const size_t call = channel.calls[channel.receive_index++];
+    if (channel.header.flags & kFlagError) {
+      ErrorResponse error;
+      try {
+        error = decode_payload<ErrorResponse>(channel.payload.data(), channel.payload.size(), "an error response");
+      } catch (const StoreError& e) {
+        error.code = ErrorCode::Protocol;
+        error.message = e.what();
+      }
+      errors[call] = std::make_exception_ptr(
+          StoreError(error.code, describe(channel.shard) + ", " + op_of(call) + ": " + error.message));
+      // After these the server closes the connection.
+      if (error.code == ErrorCode::Protocol || error.code == ErrorCode::PermissionDenied) {
+        channel.connection->broken = true;
+      }
+    } else {
+      calls[call].response = std::move(channel.payload);
+    }
+    channel.payload = {};
+    channel.header_have = 0;
+    channel.payload_have = 0;
+  };
+  // Sends what the socket takes now; true if any byte went out.
+  auto send_some = [&](Channel& channel) {
+    bool progress = false;
+    while (channel.sending()) {
+      const std::vector<uint8_t>& frame = calls[channel.calls[channel.send_index]].frame;
+      const ssize_t sent = ::send(channel.connection->socket.fd(), frame.data() + channel.send_offset,
+                                  frame.size() - channel.send_offset, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) fail(channel, std::string("connection lost: ") + std::strerror(errno));
+        break;
+      }
+      progress = true;
+      channel.send_offset += size_t(sent);
+      if (channel.send_offset == frame.size()) {
+        ++channel.send_index;
+        channel.send_offset = 0;
+      }
+    }
+    return progress;
+  };
+  // Reads what has arrived; true if any byte came in (or the connection ended).
+  auto receive_some = [&](Channel& channel) {
+    bool progress = false;
+    while (channel.receiving()) {
+      const bool in_header = channel.header_have < kHeaderBytes;
+      uint8_t* into = in_header ? channel.header_bytes + channel.header_have : channel.payload.data() + channel.payload_have;
+      const size_t want = in_header ? kHeaderBytes - channel.header_have : channel.payload.size() - channel.payload_have;
+      if (want > 0) {
+        const ssize_t got = ::recv(channel.connection->socket.fd(), into, want, MSG_DONTWAIT);
+        if (got == 0) {
+          fail(channel, "the server closed the connection (did it stop or restart?)");
+          return true;
+        }
+        if (got < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
+          fail(channel, std::string("connection lost: ") + std::strerror(errno));
+          return true;
+        }
+        progress = true;
+        if (!in_header) {
+          channel.payload_have += size_t(got);
+        } else if ((channel.header_have += size_t(got)) == kHeaderBytes) {
+          try {
+            channel.header = decode_header(channel.header_bytes);
+          } catch (const StoreError& e) {
+            fail(channel, std::string("unreadable answer: ") + e.what());
+            return true;
+          }
+          const size_t call = channel.calls[channel.receive_index];
+          if (channel.header.request_id != request_ids[call]) {
+            fail(channel, "the answer carries request id " + std::to_string(channel.header.request_id) + ", expected " +
+                              std::to_string(request_ids[call]));
+            return true;
+          }
+          channel.payload = std::move(channel.connection->spare);
+          channel.payload.resize(channel.header.payload_bytes);
+        }
+      }
+      if (channel.header_have == kHeaderBytes && channel.payload_have == channel.payload.size()) deliver(channel);
+    }
+    return progress;
+  };
+
+  const auto timeout = to_ms(timeout_seconds);
+  auto last_progress = Clock::now();
+  std::vector<pollfd> fds;
+  std::vector<Channel*> polled;
+  while (true) {
+    fds.clear();
+    polled.clear();
+    for (Channel& channel : channels) {
+      if (!channel.receiving()) continue;
+      fds.push_back(pollfd{channel.connection->socket.fd(), short(POLLIN | (channel.sending() ? POLLOUT : 0)), 0});
+      polled.push_back(&channel);
+    }
+    if (fds.empty()) break;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_progress);
+    if (waited >= timeout) {
+      for (Channel* channel : polled) fail(*channel, "no answer within " + seconds_text(timeout_seconds) + " (timeout)");
+      break;
+    }
+    const int ready = ::poll(fds.data(), fds.size(), int((timeout - waited).count()) + 1);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      for (Channel* channel : polled) fail(*channel, std::string("poll failed: ") + std::strerror(errno));
+      break;
+    }
+    bool progress = false;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      Channel& channel = *polled[k];
+      if (fds[k].revents & (POLLOUT | POLLERR | POLLHUP)) progress |= send_some(channel);
+      if (fds[k].revents & (POLLIN | POLLERR | POLLHUP)) progress |= receive_some(channel);
+    }
+    if (progress) last_progress = Clock::now();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+void RemoteSession::heartbeat() {
+  std::unique_lock<std::mutex> lock(heartbeat_mutex_);
+  while (!stopping_) {
+    double lease_seconds = 60;
+    for (const auto& link : links_) {
+      std::lock_guard<std::mutex> link_lock(link->mutex);
+      if (link->lease_seconds > 0) lease_seconds = std::min(lease_seconds, link->lease_seconds);
+    }
+    const double interval = std::clamp(lease_seconds / 4, 0.2, 10.0);
+    heartbeat_wake_.wait_for(lock, to_ms(interval));
+    if (stopping_) break;
+    lock.unlock();
+    // Pings an idle connection of each shard; one in use renews the lease by its own requests.
+    for (size_t shard = 0; shard < links_.size(); ++shard) {
+      std::unique_ptr<ShardConnection> connection;
+      {
+        std::lock_guard<std::mutex> link_lock(links_[shard]->mutex);
+        if (links_[shard]->idle.empty()) continue;
+        connection = std::move(links_[shard]->idle.back());
+        links_[shard]->idle.pop_back();
+      }
+      std::vector<Call> calls;
+      calls.push_back(make_call(shard, Opcode::Ping, Empty{}));
+      std::vector<ShardConnection*> connections(links_.size(), nullptr);
+      connections[shard] = connection.get();
+      try {
+        exchange_on(connections, calls, std::min(timeout_seconds_, interval * 2));
+      } catch (const StoreError&) {
+        // A dead server: the connection is dropped; the next operation reports it.
+      }
+      release(shard, std::move(connection));
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace recdev::net

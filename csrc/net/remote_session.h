@@ -1,0 +1,150 @@
+// RemoteSession: one client session with every shard of a remote store (one recdev-server per shard).
+//
+// Per shard it keeps the server's session id and a pool of open connections; an operation leases one
+// connection per shard it needs, and exchange() sends all its requests before waiting on any, then
+// waits for every answer in one poll loop over all of them — so the shards work in parallel, requests
+// on one connection are pipelined, and a large request to one server never waits for another's
+// answer. Nothing blocks without a deadline: a server that makes no progress for `timeout` seconds,
+// refuses the connection or drops it gives StoreError(Unavailable) naming the server and the operation.
+//
+// Restarts: a connection opened after a server lost the session (it restarted, or the session's lease
+// lapsed) starts a new session there and bumps that shard's epoch; tables check the epoch of the
+// connection they are about to use and look their table ids up again (RemoteTable).
+//
+// A heartbeat thread pings every shard a few times per lease, so that a session with open tables
+// does not lapse while the client is idle.
+#pragma once
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol.h"
+#include "socket.h"
+
+namespace recdev::net {
+
+// "tcp://h1:7070,tcp://h2:7071" (the tcp:// is optional; "[::1]:7070" for IPv6) -> "h1:7070",
+// "h2:7071". Throws StoreError(InvalidArgument) saying what is wrong with which entry.
+std::vector<std::string> parse_server_list(const std::string& list);
+
+// One request of an exchange and, after it, its answer.
+struct Call {
+  size_t shard = 0;
+  Opcode opcode = Opcode::Ping;
+  std::vector<uint8_t> frame;     // kHeaderBytes of room, then the encoded request
+  std::vector<uint8_t> response;  // the answer's payload
+};
+
+template <class Message>
+Call make_call(size_t shard, Opcode opcode, const Message& message) {
+  Call call;
+  call.shard = shard;
+  call.opcode = opcode;
+  call.frame.resize(kHeaderBytes);
+  Writer out(call.frame);
+  encode(out, message);
+  return call;
+}
+
+template <class Message>
+Message answer_of(const Call& call) {
+  return decode_payload<Message>(call.response.data(), call.response.size(), opcode_name(uint8_t(call.opcode)));
+}
+
+struct ShardConnection {
+  Socket socket;
+  uint64_t epoch = 0;  // the shard's epoch when this connection said HELLO
+  uint64_t next_request_id = 1;
+  bool broken = false;  // not to be reused: a transport failure, or the server closes it
+  // A used answer buffer, kept for the next answer: fresh buffers of megabytes cost a page fault per
+  // page, more than reading the rows into them.
+  std::vector<uint8_t> spare;
+  void recycle(std::vector<uint8_t>&& buffer) {
+    constexpr size_t kMaxSpareBytes = size_t{64} << 20;
+    if (buffer.capacity() > spare.capacity() && buffer.capacity() <= kMaxSpareBytes) spare = std::move(buffer);
+  }
+};
+
+class RemoteSession {
+ public:
+  // servers: "host:port" of shard 0, 1, ... The first connection to each is opened here, so a bad
+  // address, a wrong token or a server that is not listening fails now.
+  RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds);
+  ~RemoteSession();
+  RemoteSession(const RemoteSession&) = delete;
+  RemoteSession& operator=(const RemoteSession&) = delete;
+
+  size_t num_shards() const { return links_.size(); }
+  const std::vector<std::string>& servers() const { return servers_; }
+  double timeout_seconds() const { return timeout_seconds_; }
+  // "recdev-server 127.0.0.1:7070 (shard 0 of 2)"
+  std::string describe(size_t shard) const;
+
+  // One connection per shard, for one operation; returned to the pools when it ends.
+  class Lease {
+   public:
+    Lease(RemoteSession& session) : session_(session), connections_(session.num_shards()) {}
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    // Opens or reuses a connection to the shard (StoreError(Unavailable) if it cannot).
+    ShardConnection& connection(size_t shard);
+
+   private:
+    RemoteSession& session_;
+    std::vector<std::unique_ptr<ShardConnection>> connections_;
+  };
+
+  // Sends every call on the lease's connections and waits for every answer. Then, if any failed,
+  // throws the error of the first failed call (in call order): the server's StoreError with its code,
+  // or StoreError(Unavailable) for a transport failure or a timeout.
+  void exchange(Lease& lease, std::vector<Call>& calls);
+
+  template <class Response, class Request>
+  Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {
+    std::vector<Call> calls;
+    calls.push_back(make_call(shard, opcode, request));
+    exchange(lease, calls);
+    return answer_of<Response>(calls[0]);
+  }
+
+ private:
+  struct Link {
+    std::string address;
+    HostPort host_port;
+    std::mutex mutex;  // guards the fields below
+    uint64_t session_id = 0;
+    uint64_t epoch = 0;
+    std::vector<std::unique_ptr<ShardConnection>> idle;
+    std::mutex connect_mutex;  // one HELLO at a time per shard, so a lost session is replaced once
+    double lease_seconds = 0;
+  };
+
+  std::unique_ptr<ShardConnection> acquire(size_t shard);
+  void release(size_t shard, std::unique_ptr<ShardConnection> connection);
+  std::unique_ptr<ShardConnection> open(size_t shard, double timeout_seconds);
+  void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
+                   double timeout_seconds);
+  void heartbeat();
+
+  const std::vector<std::string> servers_;
+  const std::string token_;
+  const double timeout_seconds_;
+  const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
+  std::vector<std::unique_ptr<Link>> links_;
+
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_wake_;
+  bool stopping_ = false;
+  std::thread heartbeat_thread_;
+};
+
+}  // namespace recdev::net

@@ -1,0 +1,128 @@
+// The remote store behind the TableHandle / StoreClient contract (store/table_handle.h): tables whose
+// rows live on recdev-server shards (docs/protocol.md, docs/remote.md).
+//
+// RemoteTable: a row belongs to shard owner_shard(route_key, row id, num_shards). A batch is validated
+// here first (ids in range, bag offsets, finite gradients), so a bad batch fails with the store's
+// error code and no server sees it; then it is split by owner, sent to the shards at once, and the
+// answers are put back in batch order. Pooled lookups send each shard its share of every bag and
+// combine the shards' partial pools (pooled_partial.h). An update goes to every shard, empty shares
+// included, so that every shard's optimizer step stays equal. Whole-table settings (init rule,
+// optimizer, lr, step) go to every shard; queries about them (config, optimizer, step) ask shard 0.
+//
+// RemoteStoreClient: one RemoteSession over the servers. Anonymous tables get a random routing key
+// and belong to the session; named tables route by a hash of their name, so every client finds the
+// same rows on the same shard. save / load write and read one checkpoint file on this machine in
+// checkpoint.h's format (remote_checkpoint.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "remote_session.h"
+#include "store/table_handle.h"
+
+namespace recdev::net {
+
+class RemoteTable final : public store::TableHandle {
+ public:
+  // table_ids[s]: the table's id on shard s as of that shard's epoch epochs[s].
+  RemoteTable(std::shared_ptr<RemoteSession> session, uint64_t client_id, std::string name, uint64_t route_key,
+              uint64_t num_rows, uint32_t dim, std::vector<uint64_t> table_ids, std::vector<uint64_t> epochs);
+
+  const std::string& name() const { return name_; }  // empty for an anonymous table
+
+  uint64_t id() const override { return client_id_; }
+  store::TableConfig config() const override;
+  uint64_t init_stream() const override;
+
+  void set_init(const store::InitRule& rule) override;
+  void gather(const uint64_t* ids, size_t n, float* out) override;
+  void peek(const uint64_t* ids, size_t n, float* out) const override;
+  void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                     store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                     int64_t padding_idx, float* out, int64_t* max_positions) override;
+  void write(const uint64_t* ids, size_t n, const float* rows) override;
+  void read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const override;
+  void write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) override;
+  void check_byte_range(uint64_t byte_offset, uint64_t nbytes) const override;
+  void exists(const uint64_t* ids, size_t n, uint8_t* out) const override;
+  void erase(const uint64_t* ids, size_t n) override;
+  store::TableStats stats() const override;
+
+  void set_optimizer(const store::OptimizerConfig& config) override;
+  store::OptimizerConfig optimizer() const override;
+  void set_learning_rate(double lr) override;
+  uint64_t optimizer_step() const override;
+  void set_optimizer_step(uint64_t step) override;
+  void update(const uint64_t* ids, size_t n, const float* grads) override;
+  uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
+
+  // FREE_TABLE on every shard that still has it; errors are ignored (the session's lease frees what
+  // an unreachable server keeps).
+  void free() noexcept;
+
+ private:
+  // A batch's ids grouped by owning shard, with their positions in the batch.
+  struct Routed {
+    std::vector<std::vector<uint64_t>> ids;
+    std::vector<std::vector<size_t>> positions;
+  };
+
+  std::string label() const;
+  void check_ids(const uint64_t* ids, size_t n) const;
+  Routed route(const uint64_t* ids, size_t n) const;
+  // The table's id on the shard, valid on the connection the lease holds: after a shard restarted (its
+  // epoch moved), a named table is looked up there again and an anonymous one is reported lost.
+  uint64_t table_id(RemoteSession::Lease& lease, size_t shard) const;
+  // Ids per request so that a request or answer of `bytes_per_id` bytes per id stays within a frame.
+  static size_t ids_per_request(size_t bytes_per_id);
+  // Sends `opcode` to every shard with the ids it owns (in chunks within a frame; no request for a
+  // shard with none) and hands each answer, with the batch positions of its ids, to `take`.
+  template <class Take>
+  void fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id, Take take) const;
+  // Sends one request of `opcode` with `message(table_id)` to every shard.
+  template <class MakeMessage>
+  void broadcast(Opcode opcode, MakeMessage message);
+  TableInfoResponse info(size_t shard) const;
+
+  const std::shared_ptr<RemoteSession> session_;
+  const uint64_t client_id_;
+  const std::string name_;
+  const uint64_t route_key_;
+  const uint64_t num_rows_;
+  const uint32_t dim_;
+  mutable std::mutex mutex_;  // guards the two below
+  mutable std::vector<uint64_t> table_ids_;
+  mutable std::vector<uint64_t> epochs_;
+};
+
+class RemoteStoreClient final : public store::StoreClient {
+ public:
+  // servers: "tcp://h1:7070,tcp://h2:7071" (parse_server_list). Connects to every server now.
+  RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds);
+
+  std::shared_ptr<store::TableHandle> create_table(const store::TableConfig& config,
+                                                   std::optional<uint64_t> init_stream) override;
+  std::shared_ptr<store::TableHandle> named_table(const std::string& name, const store::TableConfig& config) override;
+  std::optional<std::shared_ptr<store::TableHandle>> find(const std::string& name) override;
+  void free_table(store::TableHandle& table) noexcept override;
+
+  void save(const std::string& path) override;
+  std::vector<std::string> load(const std::string& path) override;
+
+  std::string kind() const override { return "remote"; }
+  std::vector<std::string> servers() const override;
+  double timeout_seconds() const { return session_->timeout_seconds(); }
+
+ private:
+  std::shared_ptr<RemoteTable> named_from(const std::string& name, const std::vector<TableDescription>& found,
+                                          RemoteSession::Lease& lease);
+
+  std::shared_ptr<RemoteSession> session_;
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace recdev::net

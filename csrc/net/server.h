@@ -1,0 +1,35 @@
+// recdev-server's main loop: listens, runs one thread per connection (up to a cap) that reads
+// frames and answers them through a ShardService, frees lapsed sessions, writes checkpoints, and on
+// SIGTERM or SIGINT stops accepting, lets the requests in progress finish, writes a last checkpoint
+// and returns. Nothing a client sends can end it: every connection's failures end that connection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "service.h"
+
+namespace recdev::net {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:7070";
+  ServiceOptions service;
+  std::string checkpoint_dir;   // empty: no checkpoints
+  double checkpoint_every = 0;  // seconds between periodic checkpoints; 0 = only at shutdown
+  uint32_t max_connections = 64;
+};
+
+// The checkpoint file of one shard in a checkpoint directory: D/shard-I-of-N.recdev.
+std::string checkpoint_path(const std::string& dir, uint32_t shard, uint32_t num_shards);
+
+// Loads the shard's checkpoint from the directory, if there is one, into the service's store, and
+// refuses (StoreError(Corrupt)) a directory whose checkpoints were written for another number of
+// shards, or a file holding rows this shard does not own. Returns the path loaded, or "".
+std::string load_shard_checkpoint(const std::string& dir, ShardService& service);
+
+// Serves until SIGTERM or SIGINT; prints "listening on HOST:PORT" on stdout once it accepts
+// connections. Throws StoreError for a bad option, an address it cannot listen on, or a checkpoint
+// it cannot load; returns normally after a clean shutdown.
+void run_server(const ServerOptions& options);
+
+}  // namespace recdev::net

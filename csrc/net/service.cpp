@@ -1,0 +1,755 @@
+#include "service.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "store/errors.h"
+
+namespace recdev::net {
+
+using store::ErrorCode;
+using store::StoreError;
+
+namespace {
+
+// A rough upper bound of what one materialized row costs beyond its record: its id in the arena and
+// its share of the index, whose capacity doubles as it grows.
+constexpr uint64_t kRowOverheadBytes = 32;
+// What an empty table holds (its sub-shards and their first index blocks), for the memory limit.
+constexpr uint64_t kNewTableBytes = 64 * 1024;
+// Room left in a response for everything but its bulk arrays.
+constexpr uint64_t kResponseSlackBytes = 4096;
+
+uint64_t row_cost(uint64_t record_floats) { return record_floats * sizeof(float) + kRowOverheadBytes; }
+
+[[noreturn]] void invalid(const std::string& message) { throw StoreError(ErrorCode::InvalidArgument, message); }
+
+// Throws unless a response carrying `bytes` of bulk data fits in one frame.
+void check_response_size(uint64_t bytes, const char* what) {
+  if (bytes > kMaxPayloadBytes - kResponseSlackBytes) {
+    invalid(std::string(what) + " would answer " + std::to_string(bytes) + " bytes, past the frame limit of " +
+            std::to_string(kMaxPayloadBytes) + " bytes; send fewer ids per request");
+  }
+}
+
+void check_dim(const store::TableConfig& config) {
+  if (config.dim > kMaxDim) {
+    invalid("dim " + std::to_string(config.dim) + " is past the server's limit of " + std::to_string(kMaxDim) +
+            " (one row with optimizer state must fit in a frame)");
+  }
+}
+
+// Constant time in the contents, so the comparison does not tell an attacker how much was right.
+bool same_token(const std::string& expected, const std::string& given) {
+  uint8_t difference = expected.size() == given.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    difference |= uint8_t(expected[i] ^ (i < given.size() ? given[i] : 0));
+  }
+  return difference == 0;
+}
+
+template <class Message>
+Message decode(const Frame& frame) {
+  return decode_payload<Message>(frame.payload.data(), frame.payload.size(), opcode_name(uint8_t(frame.header.opcode)));
+}
+
+// The buffer of this connection thread's previous response, handed back by recycle(): large
+// responses reuse its pages instead of faulting in fresh ones (tens of milliseconds for 32 MiB).
+thread_local std::vector<uint8_t> spare_buffer;
+
+std::vector<uint8_t> take_buffer() {
+  std::vector<uint8_t> buffer = std::move(spare_buffer);
+  buffer.clear();
+  return buffer;
+}
+
+template <class Message>
+std::vector<uint8_t> reply(const Frame& frame, const Message& message) {
+  std::vector<uint8_t> buffer = take_buffer();
+  encode_frame_into(buffer, frame.header.opcode, frame.header.request_id, message);
+  return buffer;
+}
+
+std::vector<uint8_t> reply_empty(const Frame& frame) { return reply(frame, Empty{}); }
+
+}  // namespace
+
+ShardService::ShardService(const ServiceOptions& options) : options_(options), sessions_(options.lease_seconds) {}
+
+// ---- Responses and errors ----
+
+Response ShardService::error_response(Opcode opcode, uint64_t request_id, ErrorCode code, const std::string& message) {
+  errors_.fetch_add(1, std::memory_order_relaxed);
+  const std::string text = "shard " + std::to_string(options_.shard) + ": " + message;
+  Response response{encode_frame(opcode, request_id, ErrorResponse{code, text}, kFlagError), false};
+  response.close_after = code == ErrorCode::Protocol || code == ErrorCode::PermissionDenied;
+  return response;
+}
+
+Response ShardService::refuse_frame(const BadFrame& error) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Opcode opcode = opcode_name(error.opcode) != nullptr ? Opcode(error.opcode) : Opcode::Ping;
+  Response response = error_response(opcode, error.request_id, error.code(), error.what());
+  response.close_after = true;
+  return response;
+}
+
+Response ShardService::handshake(const Frame& frame, std::shared_ptr<Session>& session) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Opcode opcode = frame.header.opcode;
+  const uint64_t request_id = frame.header.request_id;
+  try {
+    if (opcode != Opcode::Hello) {
+      return error_response(opcode, request_id, ErrorCode::Protocol,
+                            std::string("the first frame must be HELLO, not ") + opcode_name(uint8_t(opcode)));
+    }
+    const Hello hello = decode<Hello>(frame);
+    if (hello.version != kProtocolVersion) {
+      return error_response(opcode, request_id, ErrorCode::Protocol,
+                            "protocol version " + std::to_string(hello.version) +
+                                " is not supported; this server speaks version " + std::to_string(kProtocolVersion) +
+                                " (upgrade the client or the server so that they match)");
+    }
+    if (!options_.token.empty() && !same_token(options_.token, hello.token)) {
+      Response response = error_response(opcode, request_id, ErrorCode::PermissionDenied,
+                                         hello.token.empty() ? "this server requires a token; pass the one in its --token-file"
+                                                             : "wrong token");
+      response.close_after = true;
+      return response;
+    }
+    session = sessions_.attach(hello.session_id);
+    Welcome welcome;
+    welcome.shard = options_.shard;
+    welcome.num_shards = options_.num_shards;
+    welcome.session_id = session->id;
+    welcome.lease_seconds = sessions_.lease_seconds();
+    return Response{reply(frame, welcome), false};
+  } catch (const StoreError& error) {
+    Response response = error_response(opcode, request_id, error.code(), error.what());
+    response.close_after = true;  // no session: nothing else can follow
+    return response;
+  } catch (const std::exception& error) {
+    Response response = error_response(opcode, request_id, ErrorCode::Protocol, error.what());
+    response.close_after = true;
+    return response;
+  }
+}
+
+Response ShardService::handle(Session& session, const Frame& frame) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  sessions_.touch(session);
+  const Opcode opcode = frame.header.opcode;
+  const uint64_t request_id = frame.header.request_id;
+  const std::string operation = opcode_name(uint8_t(opcode));
+  try {
+    return Response{dispatch(session, frame), false};
+  } catch (const StoreError& error) {
+    return error_response(opcode, request_id, error.code(), operation + ": " + error.what());
+  } catch (const std::bad_alloc&) {
+    return error_response(opcode, request_id, ErrorCode::Full, operation + ": store full: the server ran out of memory");
+  } catch (const std::exception& error) {
+    return error_response(opcode, request_id, ErrorCode::InvalidArgument, operation + ": " + error.what());
+  }
+}
+
+std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame) {
+  switch (frame.header.opcode) {
+    case Opcode::Hello:
+      throw StoreError(ErrorCode::Protocol, "HELLO was already received on this connection");
+    case Opcode::Ping:
+      decode<Empty>(frame);
+      return reply_empty(frame);
+    case Opcode::Stats:
+      decode<Empty>(frame);
+      return reply(frame, stats());
+    case Opcode::CreateTable: return create_table(session, frame);
+    case Opcode::OpenNamed: return open_named(frame);
+    case Opcode::Find: return find(frame);
+    case Opcode::FreeTable: return free_table(session, frame);
+    case Opcode::List: return list(session, frame);
+    case Opcode::GetTableInfo: return table_info(session, frame);
+    case Opcode::SetInit: {
+      const auto request = decode<SetInitRequest>(frame);
+      resolve(session, request.table_id).table->set_init(request.rule);
+      return reply_empty(frame);
+    }
+    case Opcode::Gather: return read_rows(session, frame, true);
+    case Opcode::Peek: return read_rows(session, frame, false);
+    case Opcode::GatherPooledPartial: return gather_pooled_partial(session, frame);
+    case Opcode::Write: return write_or_update(session, frame, false);
+    case Opcode::WriteBytes: return write_bytes(session, frame);
+    case Opcode::Exists: return exists(session, frame);
+    case Opcode::Erase: return erase(session, frame);
+    case Opcode::Update: return write_or_update(session, frame, true);
+    case Opcode::GatherState: return gather_state(session, frame);
+    case Opcode::SetOptimizer: {
+      const auto request = decode<SetOptimizerRequest>(frame);
+      const Target target = resolve(session, request.table_id);
+      const store::TableStats stats = target.table->stats();
+      const uint64_t record_floats = stats.dim + store::optimizer_state_floats(request.optimizer.kind, stats.dim);
+      reserve(stats.rows * row_cost(record_floats));  // the records are re-laid side by side
+      target.table->set_optimizer(request.optimizer);
+      return reply_empty(frame);
+    }
+    case Opcode::SetLearningRate: {
+      const auto request = decode<SetLearningRateRequest>(frame);
+      resolve(session, request.table_id).table->set_learning_rate(request.lr);
+      return reply_empty(frame);
+    }
+    case Opcode::SetStep: {
+      const auto request = decode<SetStepRequest>(frame);
+      resolve(session, request.table_id).table->set_optimizer_step(request.step);
+      return reply_empty(frame);
+    }
+    case Opcode::Dump: return dump(session, frame);
+    case Opcode::BeginLoad: return begin_load(session, frame);
+    case Opcode::LoadRows: return load_rows(session, frame);
+    case Opcode::CommitLoad: return commit_load(session, frame);
+    case Opcode::AbortLoad: {
+      const auto request = decode<LoadRequest>(frame);
+      std::lock_guard<std::mutex> lock(session.mutex);
+      const auto found = session.loads.find(request.load_id);
+      if (found == session.loads.end()) {
+        throw StoreError(ErrorCode::NotFound, "no load " + std::to_string(request.load_id) + " in this session");
+      }
+      staged_bytes_.fetch_sub(found->second.bytes);
+      session.loads.erase(found);
+      return reply_empty(frame);
+    }
+  }
+  throw StoreError(ErrorCode::Protocol, "unknown opcode");  // decode_header admits only known opcodes
+}
+
+void ShardService::recycle(std::vector<uint8_t>&& frame) {
+  // Only the largest buffer is kept: a connection's memory stays what its largest response needed.
+  if (frame.capacity() > spare_buffer.capacity()) spare_buffer = std::move(frame);
+}
+
+// ---- Tables, ownership, memory ----
+
+ShardService::Target ShardService::resolve(const Session& session, uint64_t table_id) const {
+  TableEntry entry;
+  {
+    std::lock_guard<std::mutex> lock(directory_mutex_);
+    const auto found = directory_.find(table_id);
+    // Another session's anonymous table is reported exactly like a missing one.
+    if (found == directory_.end() || (found->second.owner_session != 0 && found->second.owner_session != session.id)) {
+      throw StoreError(ErrorCode::NotFound, "no table with id " + std::to_string(table_id) + " on this shard" +
+                                                " (anonymous tables are visible only to the session that created them)");
+    }
+    entry = found->second;
+  }
+  return Target{store_.table(table_id), entry};
+}
+
+void ShardService::check_rows(const Target& target, const uint64_t* ids, size_t n) const {
+  const uint64_t num_rows = target.table->config().num_rows;
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] >= num_rows) {
+      throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(ids[i]) + " (ids[" + std::to_string(i) +
+                                                  "]) is out of range [0, " + std::to_string(num_rows) + ") of table " +
+                                                  std::to_string(target.table->id()));
+    }
+  }
+  if (options_.num_shards == 1) return;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t owner = owner_shard(target.entry.route_key, ids[i], options_.num_shards);
+    if (owner != options_.shard) {
+      invalid("row id " + std::to_string(ids[i]) + " (ids[" + std::to_string(i) + "]) of table " +
+              std::to_string(target.table->id()) + " belongs to shard " + std::to_string(owner) + ", not to shard " +
+              std::to_string(options_.shard) + " of " + std::to_string(options_.num_shards) +
+              "; route rows with owner_shard (docs/protocol.md)");
+    }
+  }
+}
+
+TableDescription ShardService::describe_table(uint64_t table_id, const store::Table& table) const {
+  TableDescription description;
+  description.table_id = table_id;
+  description.config = table.config();
+  description.init_stream = table.init_stream();
+  description.optimizer = table.optimizer();
+  description.optimizer_step = table.optimizer_step();
+  return description;
+}
+
+void ShardService::register_table(uint64_t table_id, const TableEntry& entry) {
+  std::lock_guard<std::mutex> lock(directory_mutex_);
+  directory_[table_id] = entry;
+}
+
+void ShardService::adopt_named_tables() {
+  for (const auto& [name, table] : store_.named_tables()) register_table(table->id(), TableEntry{route_key_of_name(name), 0, name});
+}
+
+uint64_t ShardService::memory_used() const {
+  uint64_t used = staged_bytes_.load();
+  for (const store::TableInfo& info : store_.list()) {
+    try {
+      used += store_.table(info.id)->stats().bytes;
+    } catch (const StoreError&) {
+      // Freed since list(): it holds nothing any more.
+    }
+  }
+  return used;
+}
+
+void ShardService::reserve(uint64_t growth, const std::function<uint64_t()>& precise) const {
+  if (options_.max_memory == 0) return;
+  const uint64_t used = memory_used();
+  if (used + growth <= options_.max_memory) return;
+  if (precise) {
+    growth = precise();
+    if (used + growth <= options_.max_memory) return;
+  }
+  throw StoreError(ErrorCode::Full, "store full: shard " + std::to_string(options_.shard) + " holds " +
+                                        std::to_string(used) + " bytes of its --max-memory " +
+                                        std::to_string(options_.max_memory) + " and this request could add " +
+                                        std::to_string(growth) +
+                                        " more; free tables or erase rows, add shards, or raise --max-memory");
+}
+
+void ShardService::reserve_rows(const store::Table& table, const uint64_t* ids, size_t n) const {
+  const store::TableConfig config = table.config();
+  const uint64_t cost = row_cost(uint64_t{config.dim} + config.state_floats);
+  reserve(n * cost, [&] {
+    // Only rows not materialized yet grow the table.
+    std::vector<uint8_t> present(n);
+    table.exists(ids, n, present.data());
+    return uint64_t(std::count(present.begin(), present.end(), uint8_t{0})) * cost;
+  });
+}
+
+// ---- Sessions ----
+
+void ShardService::free_session_objects(Session& session) {
+  std::lock_guard<std::mutex> lock(session.mutex);
+  for (const uint64_t table_id : session.tables) {
+    {
+      std::lock_guard<std::mutex> directory_lock(directory_mutex_);
+      directory_.erase(table_id);
+    }
+    try {
+      store_.free_table(table_id);
+    } catch (const StoreError&) {
+      // Already freed.
+    }
+  }
+  session.tables.clear();
+  for (const auto& [id, load] : session.loads) staged_bytes_.fetch_sub(load.bytes);
+  session.loads.clear();
+  for (const auto& [id, snapshot] : session.snapshots) staged_bytes_.fetch_sub(snapshot.bytes());
+  session.snapshots.clear();
+}
+
+void ShardService::reap_lapsed_sessions() {
+  for (const std::shared_ptr<Session>& session : sessions_.take_lapsed()) free_session_objects(*session);
+}
+
+ServerStats ShardService::stats() {
+  ServerStats stats;
+  stats.shard = options_.shard;
+  stats.num_shards = options_.num_shards;
+  stats.bytes = staged_bytes_.load();
+  for (const store::TableInfo& info : store_.list()) {
+    try {
+      const store::TableStats table = store_.table(info.id)->stats();
+      ++stats.tables;
+      if (!info.name.empty()) ++stats.named_tables;
+      stats.rows += table.rows;
+      stats.bytes += table.bytes;
+    } catch (const StoreError&) {
+    }
+  }
+  stats.max_memory = options_.max_memory;
+  stats.requests = requests_.load();
+  stats.errors = errors_.load();
+  stats.connections = connections_.load();
+  stats.sessions = sessions_.size();
+  stats.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  return stats;
+}
+
+// ---- Handlers ----
+
+std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& frame) {
+  const auto request = decode<CreateTableRequest>(frame);
+  store::validate_table_config(request.config);
+  check_dim(request.config);
+  reserve(kNewTableBytes);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  const uint64_t table_id = store_.create_table(request.config, request.init_stream);
+  register_table(table_id, TableEntry{request.route_key, session.id, {}});
+  session.tables.insert(table_id);
+  return reply(frame, TableIdResponse{table_id});
+}
+
+std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
+  const auto request = decode<OpenNamedRequest>(frame);
+  store::validate_table_config(request.config);
+  check_dim(request.config);
+  if (!store_.find(request.name)) reserve(kNewTableBytes);
+  const uint64_t table_id = store_.create_named_table(request.name, request.config);
+  register_table(table_id, TableEntry{route_key_of_name(request.name), 0, request.name});
+  return reply(frame, describe_table(table_id, *store_.table(table_id)));
+}
+
+std::vector<uint8_t> ShardService::find(const Frame& frame) {
+  const auto request = decode<NameRequest>(frame);
+  FindResponse response;
+  if (const auto table_id = store_.find(request.name)) {
+    try {
+      response.table = describe_table(*table_id, *store_.table(*table_id));
+    } catch (const StoreError&) {
+      // Freed in between: not found.
+    }
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::free_table(Session& session, const Frame& frame) {
+  const auto request = decode<TableRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  {
+    std::lock_guard<std::mutex> lock(directory_mutex_);
+    directory_.erase(request.table_id);
+  }
+  store_.free_table(request.table_id);
+  if (target.entry.owner_session != 0) {
+    std::lock_guard<std::mutex> lock(session.mutex);
+    session.tables.erase(request.table_id);
+  }
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::list(const Session& session, const Frame& frame) {
+  decode<Empty>(frame);
+  ListResponse response;
+  std::lock_guard<std::mutex> lock(directory_mutex_);
+  for (const auto& [table_id, entry] : directory_) {
+    if (entry.owner_session == 0 || entry.owner_session == session.id) {
+      response.tables.push_back(ListEntry{table_id, entry.name, entry.route_key});
+    }
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::table_info(const Session& session, const Frame& frame) {
+  const auto request = decode<TableRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  TableInfoResponse response;
+  response.table = describe_table(request.table_id, *target.table);
+  response.name = target.entry.name;
+  response.route_key = target.entry.route_key;
+  response.stats = target.table->stats();
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame& frame, bool materialize) {
+  const auto request = decode<IdsRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  const size_t n = request.ids.size();
+  check_rows(target, request.ids.data(), n);
+  const uint64_t dim = target.table->config().dim;
+  check_response_size(n * dim * sizeof(float), opcode_name(uint8_t(frame.header.opcode)));
+  if (materialize) reserve_rows(*target.table, request.ids.data(), n);
+  // The rows go straight into the response frame.
+  std::vector<uint8_t> response = take_buffer();
+  response.resize(kHeaderBytes);
+  Writer out(response);
+  auto* rows = reinterpret_cast<float*>(out.put_array_space<float>(n * dim));
+  if (materialize) {
+    target.table->gather(request.ids.data(), n, rows);
+  } else {
+    target.table->peek(request.ids.data(), n, rows);
+  }
+  finish_frame(response, frame.header.opcode, frame.header.request_id);
+  return response;
+}
+
+std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session, const Frame& frame) {
+  const auto request = decode<PooledPartialRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  const size_t n = request.ids.size();
+  const size_t num_bags = request.offsets.size();
+  check_rows(target, request.ids.data(), n);
+  if (request.per_sample_weights) {
+    if (request.per_sample_weights->size() != n) {
+      invalid("per_sample_weights holds " + std::to_string(request.per_sample_weights->size()) +
+              " weights for " + std::to_string(n) + " ids");
+    }
+    if (request.mode != store::PoolingMode::Sum) invalid("per_sample_weights are only supported with mode Sum");
+  }
+  std::vector<int64_t> offsets(num_bags);
+  for (size_t b = 0; b < num_bags; ++b) {
+    if (request.offsets[b] > n) {
+      invalid("offsets[" + std::to_string(b) + "] = " + std::to_string(request.offsets[b]) + " is past the " +
+              std::to_string(n) + " ids");
+    }
+    offsets[b] = int64_t(request.offsets[b]);
+  }
+  const uint64_t dim = target.table->config().dim;
+  const bool max = request.mode == store::PoolingMode::Max;
+  check_response_size(num_bags * dim * sizeof(float) * (max ? 2 : 1) + num_bags * sizeof(uint32_t),
+                      "GATHER_POOLED_PARTIAL");
+  reserve_rows(*target.table, request.ids.data(), n);
+
+  PooledPartialResponse response;
+  response.values.resize(num_bags * dim);
+  std::vector<int64_t> positions(max ? num_bags * dim : 0);
+  // Mean is pooled as Sum: the client divides the shards' summed rows by their summed counts.
+  const store::PoolingMode mode = max ? store::PoolingMode::Max : store::PoolingMode::Sum;
+  target.table->gather_pooled(request.ids.data(), n, offsets.data(), num_bags, mode,
+                              request.per_sample_weights ? request.per_sample_weights->data() : nullptr, false,
+                              request.padding_idx, response.values.data(), max ? positions.data() : nullptr);
+  if (max) {
+    response.positions.assign(positions.begin(), positions.end());  // < n <= 2^32 / 8: fits in i32
+  } else {
+    response.counts.resize(num_bags);
+    for (size_t b = 0; b < num_bags; ++b) {
+      const size_t end = b + 1 < num_bags ? size_t(offsets[b + 1]) : n;
+      uint32_t count = 0;
+      for (size_t i = size_t(offsets[b]); i < end; ++i) {
+        count += request.padding_idx < 0 || request.ids[i] != uint64_t(request.padding_idx) ? 1 : 0;
+      }
+      response.counts[b] = count;
+    }
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::write_or_update(const Session& session, const Frame& frame, bool update) {
+  const auto request = decode<RowsRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  const size_t n = request.ids.size();
+  const uint64_t dim = target.table->config().dim;
+  if (request.rows.size() != n * dim) {
+    invalid(std::string(update ? "grads" : "rows") + " hold " + std::to_string(request.rows.size()) +
+            " floats; " + std::to_string(n) + " ids of dim " + std::to_string(dim) + " need " + std::to_string(n * dim));
+  }
+  check_rows(target, request.ids.data(), n);
+  reserve_rows(*target.table, request.ids.data(), n);
+  if (update) {
+    target.table->update(request.ids.data(), n, request.rows.data());
+  } else {
+    target.table->write(request.ids.data(), n, request.rows.data());
+  }
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::write_bytes(const Session& session, const Frame& frame) {
+  const auto request = decode<WriteBytesRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  const uint64_t nbytes = request.data.size();
+  target.table->check_byte_range(request.byte_offset, nbytes);
+  if (nbytes == 0) return reply_empty(frame);
+  const uint64_t row_bytes = uint64_t{target.table->config().dim} * sizeof(float);
+  const uint64_t first_row = request.byte_offset / row_bytes;
+  const uint64_t last_row = (request.byte_offset + nbytes - 1) / row_bytes;
+  std::vector<uint64_t> rows(last_row - first_row + 1);  // at most nbytes / 4 + 2: bounded by the frame
+  for (uint64_t row = first_row; row <= last_row; ++row) rows[row - first_row] = row;
+  check_rows(target, rows.data(), rows.size());
+  reserve_rows(*target.table, rows.data(), rows.size());
+  target.table->write_bytes(request.byte_offset, nbytes, request.data.data());
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::exists(const Session& session, const Frame& frame) {
+  const auto request = decode<IdsRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  check_rows(target, request.ids.data(), request.ids.size());
+  ExistsResponse response;
+  response.exists.resize(request.ids.size());
+  target.table->exists(request.ids.data(), request.ids.size(), response.exists.data());
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::erase(const Session& session, const Frame& frame) {
+  const auto request = decode<IdsRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  check_rows(target, request.ids.data(), request.ids.size());
+  target.table->erase(request.ids.data(), request.ids.size());
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::gather_state(const Session& session, const Frame& frame) {
+  const auto request = decode<IdsRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  check_rows(target, request.ids.data(), request.ids.size());
+  check_response_size(request.ids.size() * uint64_t{target.table->config().state_floats} * sizeof(float),
+                      "GATHER_STATE");
+  StateResponse response;
+  response.width = target.table->gather_state(request.ids.data(), request.ids.size(), response.state);
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
+  const auto request = decode<DumpRequest>(frame);
+  if (request.max_rows == 0) invalid("DUMP needs max_rows >= 1");
+  const Target target = resolve(session, request.table_id);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  uint64_t snapshot_id = request.snapshot_id;
+  if (snapshot_id == 0) {
+    const store::TableStats stats = target.table->stats();
+    reserve(stats.rows * (row_cost(stats.dim + target.table->config().state_floats)));
+    DumpSnapshot snapshot;
+    snapshot.table_id = request.table_id;
+    target.table->scan(
+        [&](const store::TableScanHeader& header) {
+          snapshot.table = TableDescription{request.table_id, header.config, header.init_stream, header.optimizer,
+                                            header.optimizer_step};
+          snapshot.record_floats = header.config.dim + header.config.state_floats;
+          snapshot.ids.reserve(header.row_count);
+          snapshot.records.reserve(header.row_count * snapshot.record_floats);
+        },
+        [&](uint64_t row_id, const float* record) {
+          snapshot.ids.push_back(row_id);
+          snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_floats);
+        });
+    snapshot_id = sessions_.next_object_id();
+    staged_bytes_.fetch_add(snapshot.bytes());
+    session.snapshots.emplace(snapshot_id, std::move(snapshot));
+  }
+  const auto found = session.snapshots.find(snapshot_id);
+  if (found == session.snapshots.end() || found->second.table_id != request.table_id) {
+    throw StoreError(ErrorCode::NotFound, "no dump snapshot " + std::to_string(snapshot_id) + " of table " +
+                                              std::to_string(request.table_id) + " in this session");
+  }
+  DumpSnapshot& snapshot = found->second;
+  const uint64_t record_bytes = uint64_t{snapshot.record_floats} * sizeof(float) + sizeof(uint64_t);
+  const uint64_t fit = (kMaxPayloadBytes - kResponseSlackBytes) / record_bytes;
+  const size_t count = size_t(std::min<uint64_t>({request.max_rows, fit, snapshot.ids.size() - snapshot.next}));
+  DumpResponse response;
+  response.snapshot_id = snapshot_id;
+  response.table = snapshot.table;
+  response.total_rows = snapshot.ids.size();
+  response.record_floats = snapshot.record_floats;
+  response.ids.assign(snapshot.ids.begin() + snapshot.next, snapshot.ids.begin() + snapshot.next + count);
+  const auto records = snapshot.records.begin() + snapshot.next * snapshot.record_floats;
+  response.records.assign(records, records + count * snapshot.record_floats);
+  snapshot.next += count;
+  response.done = snapshot.next == snapshot.ids.size();
+  if (response.done) {
+    staged_bytes_.fetch_sub(snapshot.bytes());
+    session.snapshots.erase(found);
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& frame) {
+  auto request = decode<BeginLoadRequest>(frame);
+  if (request.name.empty()) invalid("BEGIN_LOAD needs the name of a named table");
+  store::validate_table_config(request.config);
+  check_dim(request.config);
+  store::validate_optimizer(request.optimizer);
+  const uint32_t dim = request.config.dim;
+  if (request.optimizer.kind != store::OptimizerKind::None &&
+      request.config.state_floats != store::optimizer_state_floats(request.optimizer.kind, dim)) {
+    invalid("state_floats " + std::to_string(request.config.state_floats) + " does not match optimizer " +
+            store::describe(request.optimizer) + ", which keeps " +
+            std::to_string(store::optimizer_state_floats(request.optimizer.kind, dim)) + " per row");
+  }
+  if (const auto existing = store_.find(request.name)) {
+    const store::TableConfig config = store_.table(*existing)->config();
+    if (config.num_rows != request.config.num_rows || config.dim != dim) {
+      invalid("table '" + request.name + "' exists with " + store::describe(config) +
+              "; the load has num_rows " + std::to_string(request.config.num_rows) + " and dim " + std::to_string(dim));
+    }
+  }
+  StagedLoad load;
+  load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
+  load.header = std::move(request);
+  load.bytes = kNewTableBytes;
+  reserve(load.bytes);
+  const uint64_t load_id = sessions_.next_object_id();
+  std::lock_guard<std::mutex> lock(session.mutex);
+  staged_bytes_.fetch_add(load.bytes);
+  session.loads.emplace(load_id, std::move(load));
+  return reply(frame, LoadIdResponse{load_id});
+}
+
+std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& frame) {
+  const auto request = decode<LoadRowsRequest>(frame);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  const auto found = session.loads.find(request.load_id);
+  if (found == session.loads.end()) {
+    throw StoreError(ErrorCode::NotFound, "no load " + std::to_string(request.load_id) + " in this session");
+  }
+  StagedLoad& load = found->second;
+  const store::TableConfig& config = load.header.config;
+  const uint64_t record_floats = uint64_t{config.dim} + config.state_floats;
+  const size_t n = request.ids.size();
+  if (request.records.size() != n * record_floats) {
+    invalid("records hold " + std::to_string(request.records.size()) + " floats; " + std::to_string(n) +
+            " rows of " + std::to_string(record_floats) + " floats need " + std::to_string(n * record_floats));
+  }
+  const uint64_t route_key = route_key_of_name(load.header.name);
+  for (size_t i = 0; i < n; ++i) {
+    if (request.ids[i] >= config.num_rows) {
+      throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(request.ids[i]) + " is out of range [0, " +
+                                                  std::to_string(config.num_rows) + ") of table '" + load.header.name + "'");
+    }
+    const uint32_t owner = owner_shard(route_key, request.ids[i], options_.num_shards);
+    if (owner != options_.shard) {
+      invalid("row id " + std::to_string(request.ids[i]) + " of table '" + load.header.name + "' belongs to shard " +
+              std::to_string(owner) + ", not to shard " + std::to_string(options_.shard));
+    }
+  }
+  const uint64_t growth = n * row_cost(record_floats);
+  reserve(growth);
+  for (size_t i = 0; i < n; ++i) {
+    if (!load.rows->insert(request.ids[i], request.records.data() + i * record_floats)) {
+      staged_bytes_.fetch_sub(load.bytes);
+      session.loads.erase(found);
+      invalid("row id " + std::to_string(request.ids[i]) + " appears twice in load " + std::to_string(request.load_id) +
+              ", which was dropped; start again with BEGIN_LOAD");
+    }
+    load.bytes += row_cost(record_floats);
+    staged_bytes_.fetch_add(row_cost(record_floats));
+    ++load.row_count;
+  }
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::commit_load(Session& session, const Frame& frame) {
+  const auto request = decode<CommitLoadRequest>(frame);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  // Everything that can be checked is checked for every load before any table changes.
+  std::vector<std::map<uint64_t, StagedLoad>::iterator> loads;
+  for (const uint64_t load_id : request.load_ids) {
+    const auto found = session.loads.find(load_id);
+    if (found == session.loads.end()) {
+      throw StoreError(ErrorCode::NotFound, "no load " + std::to_string(load_id) + " in this session");
+    }
+    if (std::find(loads.begin(), loads.end(), found) != loads.end()) {
+      invalid("load " + std::to_string(load_id) + " is listed twice");
+    }
+    const BeginLoadRequest& header = found->second.header;
+    if (const auto existing = store_.find(header.name)) {
+      const store::TableConfig config = store_.table(*existing)->config();
+      if (config.num_rows != header.config.num_rows || config.dim != header.config.dim) {
+        invalid("table '" + header.name + "' changed to " + store::describe(config) + " since BEGIN_LOAD");
+      }
+    }
+    loads.push_back(found);
+  }
+  CommitLoadResponse response;
+  for (const auto& found : loads) {
+    StagedLoad& load = found->second;
+    const BeginLoadRequest& header = load.header;
+    const std::optional<uint64_t> existing = store_.find(header.name);
+    const uint64_t table_id = existing ? *existing : store_.create_named_table(header.name, header.config);
+    register_table(table_id, TableEntry{route_key_of_name(header.name), 0, header.name});
+    store_.table(table_id)->install(*load.rows, header.config.init, header.init_stream, header.optimizer,
+                                    header.optimizer_step);
+    response.table_ids.push_back(table_id);
+  }
+  for (const auto& found : loads) {
+    staged_bytes_.fetch_sub(found->second.bytes);
+    session.loads.erase(found);  // frees the tables' previous rows, which install left in the row set
+  }
+  return reply(frame, response);
+}
+
+}  // namespace recdev::net

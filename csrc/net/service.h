@@ -1,0 +1,123 @@
+// ShardService: what one recdev-server shard does with a request, independent of sockets — the
+// handshake, every opcode's handler over a store::Store, row ownership, sessions, the memory limit
+// and the counters of STATS. The server loop (server.h) feeds it frames; it answers every frame with
+// a response frame (an error frame when the request failed) and never throws for anything a client
+// sends.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "frame_io.h"
+#include "protocol.h"
+#include "sessions.h"
+#include "store/store.h"
+
+namespace recdev::net {
+
+struct ServiceOptions {
+  uint32_t shard = 0;
+  uint32_t num_shards = 1;
+  std::string token;          // empty: no token required
+  uint64_t max_memory = 0;    // bytes; 0 = no limit
+  double lease_seconds = 60;
+};
+
+struct Response {
+  std::vector<uint8_t> frame;
+  bool close_after = false;  // a Protocol or PermissionDenied error: the connection ends after it
+};
+
+class ShardService {
+ public:
+  explicit ShardService(const ServiceOptions& options);
+
+  const ServiceOptions& options() const { return options_; }
+  store::Store& store() { return store_; }
+
+  // The first frame of a connection. On success `session` is attached (detach it with
+  // end_connection); otherwise the response is an error and close_after is set.
+  Response handshake(const Frame& frame, std::shared_ptr<Session>& session);
+  Response handle(Session& session, const Frame& frame);
+  // Hands a sent response's buffer back for the next response of this thread (connection).
+  void recycle(std::vector<uint8_t>&& frame);
+  // The answer to a frame whose header was refused (BadFrame).
+  Response refuse_frame(const BadFrame& error);
+  void end_connection(Session& session) { sessions_.detach(session); }
+  // Open connections, for STATS (the server loop counts them).
+  void connection_opened() { connections_.fetch_add(1); }
+  void connection_closed() { connections_.fetch_sub(1); }
+
+  // Frees what lapsed sessions owned. Called periodically by the server.
+  void reap_lapsed_sessions();
+  // Registers the named tables already in the store (after a checkpoint was loaded at start).
+  void adopt_named_tables();
+  ServerStats stats();
+
+ private:
+  struct TableEntry {
+    uint64_t route_key;
+    uint64_t owner_session;  // 0 for a named table
+    std::string name;
+  };
+  struct Target {
+    std::shared_ptr<store::Table> table;
+    TableEntry entry;
+  };
+
+  std::vector<uint8_t> dispatch(Session& session, const Frame& frame);
+  Response error_response(Opcode opcode, uint64_t request_id, store::ErrorCode code, const std::string& message);
+
+  Target resolve(const Session& session, uint64_t table_id) const;
+  // OutOfRange for an id past the table, then InvalidArgument for a row of another shard.
+  void check_rows(const Target& target, const uint64_t* ids, size_t n) const;
+  TableDescription describe_table(uint64_t table_id, const store::Table& table) const;
+  void register_table(uint64_t table_id, const TableEntry& entry);
+
+  // --max-memory: throws StoreError(Full) unless the store can grow by `growth` bytes. When the
+  // estimate does not fit, `precise` (if given) computes a tighter one first.
+  void reserve(uint64_t growth, const std::function<uint64_t()>& precise = {}) const;
+  uint64_t memory_used() const;
+  // Estimated bytes a batch of ids could add to a table by materializing rows.
+  void reserve_rows(const store::Table& table, const uint64_t* ids, size_t n) const;
+
+  void free_session_objects(Session& session);
+
+  std::vector<uint8_t> create_table(Session& session, const Frame& frame);
+  std::vector<uint8_t> open_named(const Frame& frame);
+  std::vector<uint8_t> find(const Frame& frame);
+  std::vector<uint8_t> free_table(Session& session, const Frame& frame);
+  std::vector<uint8_t> list(const Session& session, const Frame& frame);
+  std::vector<uint8_t> table_info(const Session& session, const Frame& frame);
+  std::vector<uint8_t> read_rows(const Session& session, const Frame& frame, bool materialize);
+  std::vector<uint8_t> gather_pooled_partial(const Session& session, const Frame& frame);
+  std::vector<uint8_t> write_or_update(const Session& session, const Frame& frame, bool update);
+  std::vector<uint8_t> write_bytes(const Session& session, const Frame& frame);
+  std::vector<uint8_t> exists(const Session& session, const Frame& frame);
+  std::vector<uint8_t> erase(const Session& session, const Frame& frame);
+  std::vector<uint8_t> gather_state(const Session& session, const Frame& frame);
+  std::vector<uint8_t> dump(Session& session, const Frame& frame);
+  std::vector<uint8_t> begin_load(Session& session, const Frame& frame);
+  std::vector<uint8_t> load_rows(Session& session, const Frame& frame);
+  std::vector<uint8_t> commit_load(Session& session, const Frame& frame);
+
+  const ServiceOptions options_;
+  store::Store store_;
+  Sessions sessions_;
+  mutable std::mutex directory_mutex_;
+  std::map<uint64_t, TableEntry> directory_;
+  // Memory held by staged loads and dump snapshots, outside the store's tables.
+  std::atomic<uint64_t> staged_bytes_{0};
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> connections_{0};
+  const Clock::time_point started_ = Clock::now();
+};
+
+}  // namespace recdev::net

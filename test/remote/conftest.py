@@ -1,0 +1,29 @@
+"""Fixtures for the remote-store tests: real recdev-server processes on loopback, stopped by the
+fixture that started them, and the embedded store made current again after each test."""
+
+import pytest
+
+import recdev_servers
+import torch_recdev
+
+
+@pytest.fixture
+def start_shards(tmp_path):
+    """start_shards(n, *server_args) -> n running recdev_servers.Server of one store."""
+    started = []
+
+    def start(num_shards, *extra):
+        servers = recdev_servers.start_shards(num_shards, *extra, log_dir=str(tmp_path))
+        started.extend(servers)
+        return servers
+
+    yield start
+    torch_recdev.connect(None)
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture(autouse=True)
+def embedded_after():
+    yield
+    torch_recdev.connect(None)
