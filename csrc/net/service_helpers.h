@@ -1,0 +1,69 @@
+// What the ShardService handlers share (service.cpp, service_transfer.cpp): memory estimates,
+// argument checks, decoding a request and encoding its reply into the connection's reused buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "frame_io.h"
+#include "protocol.h"
+#include "store/errors.h"
+
+namespace recdev::net::service_detail {
+
+using store::ErrorCode;
+using store::StoreError;
+
+// A rough upper bound of what one materialized row costs beyond its record: its id in the arena and
+// its share of the index, whose capacity doubles as it grows.
+constexpr uint64_t kRowOverheadBytes = 32;
+// What an empty table holds (its sub-shards and their first index blocks), for the memory limit.
+constexpr uint64_t kNewTableBytes = 64 * 1024;
+// Room left in a response for everything but its bulk arrays.
+constexpr uint64_t kResponseSlackBytes = 4096;
+
+inline uint64_t row_cost(uint64_t record_floats) { return record_floats * sizeof(float) + kRowOverheadBytes; }
+
+[[noreturn]] inline void invalid(const std::string& message) { throw StoreError(ErrorCode::InvalidArgument, message); }
+
+// Throws unless a response carrying `bytes` of bulk data fits in one frame.
+inline void check_response_size(uint64_t bytes, const char* what) {
+  if (bytes > kMaxPayloadBytes - kResponseSlackBytes) {
+    invalid(std::string(what) + " would answer " + std::to_string(bytes) + " bytes, past the frame limit of " +
+            std::to_string(kMaxPayloadBytes) + " bytes; send fewer ids per request");
+  }
+}
+
+inline void check_dim(const store::TableConfig& config) {
+  if (config.dim > kMaxDim) {
+    invalid("dim " + std::to_string(config.dim) + " is past the server's limit of " + std::to_string(kMaxDim) +
+            " (one row with optimizer state must fit in a frame)");
+  }
+}
+
+template <class Message>
+Message decode(const Frame& frame) {
+  return decode_payload<Message>(frame.payload.data(), frame.payload.size(), opcode_name(uint8_t(frame.header.opcode)));
+}
+
+// The buffer of this connection thread's previous response, handed back by recycle(): large
+// responses reuse its pages instead of faulting in fresh ones (tens of milliseconds for 32 MiB).
+inline thread_local std::vector<uint8_t> spare_buffer;
+
+inline std::vector<uint8_t> take_buffer() {
+  std::vector<uint8_t> buffer = std::move(spare_buffer);
+  buffer.clear();
+  return buffer;
+}
+
+template <class Message>
+std::vector<uint8_t> reply(const Frame& frame, const Message& message) {
+  std::vector<uint8_t> buffer = take_buffer();
+  encode_frame_into(buffer, frame.header.opcode, frame.header.request_id, message);
+  return buffer;
+}
+
+inline std::vector<uint8_t> reply_empty(const Frame& frame) { return reply(frame, Empty{}); }
+
+}  // namespace recdev::net::service_detail

@@ -1,0 +1,180 @@
+// ShardService's handlers that move whole tables for client-side checkpoints: DUMP (a snapshot read
+// out in batches) and the staged load BEGIN_LOAD / LOAD_ROWS / COMMIT_LOAD (docs/protocol.md).
+#include <algorithm>
+
+#include "service.h"
+#include "service_helpers.h"
+
+namespace recdev::net {
+
+using namespace service_detail;
+
+std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
+  const auto request = decode<DumpRequest>(frame);
+  if (request.max_rows == 0) invalid("DUMP needs max_rows >= 1");
+  const Target target = resolve(session, request.table_id);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  uint64_t snapshot_id = request.snapshot_id;
+  if (snapshot_id == 0) {
+    const store::TableStats stats = target.table->stats();
+    reserve(stats.rows * (row_cost(stats.dim + target.table->config().state_floats)));
+    DumpSnapshot snapshot;
+    snapshot.table_id = request.table_id;
+    target.table->scan(
+        [&](const store::TableScanHeader& header) {
+          snapshot.table = TableDescription{request.table_id, header.config, header.init_stream, header.optimizer,
+                                            header.optimizer_step};
+          snapshot.record_floats = header.config.dim + header.config.state_floats;
+          snapshot.ids.reserve(header.row_count);
+          snapshot.records.reserve(header.row_count * snapshot.record_floats);
+        },
+        [&](uint64_t row_id, const float* record) {
+          snapshot.ids.push_back(row_id);
+          snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_floats);
+        });
+    snapshot_id = sessions_.next_object_id();
+    staged_bytes_.fetch_add(snapshot.bytes());
+    session.snapshots.emplace(snapshot_id, std::move(snapshot));
+  }
+  const auto found = session.snapshots.find(snapshot_id);
+  if (found == session.snapshots.end() || found->second.table_id != request.table_id) {
+    throw StoreError(ErrorCode::NotFound, "no dump snapshot " + std::to_string(snapshot_id) + " of table " +
+                                              std::to_string(request.table_id) + " in this session");
+  }
+  DumpSnapshot& snapshot = found->second;
+  const uint64_t record_bytes = uint64_t{snapshot.record_floats} * sizeof(float) + sizeof(uint64_t);
+  const uint64_t fit = (kMaxPayloadBytes - kResponseSlackBytes) / record_bytes;
+  const size_t count = size_t(std::min<uint64_t>({request.max_rows, fit, snapshot.ids.size() - snapshot.next}));
+  DumpResponse response;
+  response.snapshot_id = snapshot_id;
+  response.table = snapshot.table;
+  response.total_rows = snapshot.ids.size();
+  response.record_floats = snapshot.record_floats;
+  response.ids.assign(snapshot.ids.begin() + snapshot.next, snapshot.ids.begin() + snapshot.next + count);
+  const auto records = snapshot.records.begin() + snapshot.next * snapshot.record_floats;
+  response.records.assign(records, records + count * snapshot.record_floats);
+  snapshot.next += count;
+  response.done = snapshot.next == snapshot.ids.size();
+  if (response.done) {
+    staged_bytes_.fetch_sub(snapshot.bytes());
+    session.snapshots.erase(found);
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& frame) {
+  auto request = decode<BeginLoadRequest>(frame);
+  if (request.name.empty()) invalid("BEGIN_LOAD needs the name of a named table");
+  store::validate_table_config(request.config);
+  check_dim(request.config);
+  store::validate_optimizer(request.optimizer);
+  const uint32_t dim = request.config.dim;
+  if (request.optimizer.kind != store::OptimizerKind::None &&
+      request.config.state_floats != store::optimizer_state_floats(request.optimizer.kind, dim)) {
+    invalid("state_floats " + std::to_string(request.config.state_floats) + " does not match optimizer " +
+            store::describe(request.optimizer) + ", which keeps " +
+            std::to_string(store::optimizer_state_floats(request.optimizer.kind, dim)) + " per row");
+  }
+  if (const auto existing = store_.find(request.name)) {
+    const store::TableConfig config = store_.table(*existing)->config();
+    if (config.num_rows != request.config.num_rows || config.dim != dim) {
+      invalid("table '" + request.name + "' exists with " + store::describe(config) +
+              "; the load has num_rows " + std::to_string(request.config.num_rows) + " and dim " + std::to_string(dim));
+    }
+  }
+  StagedLoad load;
+  load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
+  load.header = std::move(request);
+  load.bytes = kNewTableBytes;
+  reserve(load.bytes);
+  const uint64_t load_id = sessions_.next_object_id();
+  std::lock_guard<std::mutex> lock(session.mutex);
+  staged_bytes_.fetch_add(load.bytes);
+  session.loads.emplace(load_id, std::move(load));
+  return reply(frame, LoadIdResponse{load_id});
+}
+
+std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& frame) {
+  const auto request = decode<LoadRowsRequest>(frame);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  const auto found = session.loads.find(request.load_id);
+  if (found == session.loads.end()) {
+    throw StoreError(ErrorCode::NotFound, "no load " + std::to_string(request.load_id) + " in this session");
+  }
+  StagedLoad& load = found->second;
+  const store::TableConfig& config = load.header.config;
+  const uint64_t record_floats = uint64_t{config.dim} + config.state_floats;
+  const size_t n = request.ids.size();
+  if (request.records.size() != n * record_floats) {
+    invalid("records hold " + std::to_string(request.records.size()) + " floats; " + std::to_string(n) +
+            " rows of " + std::to_string(record_floats) + " floats need " + std::to_string(n * record_floats));
+  }
+  const uint64_t route_key = route_key_of_name(load.header.name);
+  for (size_t i = 0; i < n; ++i) {
+    if (request.ids[i] >= config.num_rows) {
+      throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(request.ids[i]) + " is out of range [0, " +
+                                                  std::to_string(config.num_rows) + ") of table '" + load.header.name + "'");
+    }
+    const uint32_t owner = owner_shard(route_key, request.ids[i], options_.num_shards);
+    if (owner != options_.shard) {
+      invalid("row id " + std::to_string(request.ids[i]) + " of table '" + load.header.name + "' belongs to shard " +
+              std::to_string(owner) + ", not to shard " + std::to_string(options_.shard));
+    }
+  }
+  const uint64_t growth = n * row_cost(record_floats);
+  reserve(growth);
+  for (size_t i = 0; i < n; ++i) {
+    if (!load.rows->insert(request.ids[i], request.records.data() + i * record_floats)) {
+      staged_bytes_.fetch_sub(load.bytes);
+      session.loads.erase(found);
+      invalid("row id " + std::to_string(request.ids[i]) + " appears twice in load " + std::to_string(request.load_id) +
+              ", which was dropped; start again with BEGIN_LOAD");
+    }
+    load.bytes += row_cost(record_floats);
+    staged_bytes_.fetch_add(row_cost(record_floats));
+    ++load.row_count;
+  }
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::commit_load(Session& session, const Frame& frame) {
+  const auto request = decode<CommitLoadRequest>(frame);
+  std::lock_guard<std::mutex> lock(session.mutex);
+  // Everything that can be checked is checked for every load before any table changes.
+  std::vector<std::map<uint64_t, StagedLoad>::iterator> loads;
+  for (const uint64_t load_id : request.load_ids) {
+    const auto found = session.loads.find(load_id);
+    if (found == session.loads.end()) {
+      throw StoreError(ErrorCode::NotFound, "no load " + std::to_string(load_id) + " in this session");
+    }
+    if (std::find(loads.begin(), loads.end(), found) != loads.end()) {
+      invalid("load " + std::to_string(load_id) + " is listed twice");
+    }
+    const BeginLoadRequest& header = found->second.header;
+    if (const auto existing = store_.find(header.name)) {
+      const store::TableConfig config = store_.table(*existing)->config();
+      if (config.num_rows != header.config.num_rows || config.dim != header.config.dim) {
+        invalid("table '" + header.name + "' changed to " + store::describe(config) + " since BEGIN_LOAD");
+      }
+    }
+    loads.push_back(found);
+  }
+  CommitLoadResponse response;
+  for (const auto& found : loads) {
+    StagedLoad& load = found->second;
+    const BeginLoadRequest& header = load.header;
+    const std::optional<uint64_t> existing = store_.find(header.name);
+    const uint64_t table_id = existing ? *existing : store_.create_named_table(header.name, header.config);
+    register_table(table_id, TableEntry{route_key_of_name(header.name), 0, header.name});
+    store_.table(table_id)->install(*load.rows, header.config.init, header.init_stream, header.optimizer,
+                                    header.optimizer_step);
+    response.table_ids.push_back(table_id);
+  }
+  for (const auto& found : loads) {
+    staged_bytes_.fetch_sub(found->second.bytes);
+    session.loads.erase(found);  // frees the tables' previous rows, which install left in the row set
+  }
+  return reply(frame, response);
+}
+
+}  // namespace recdev::net
