@@ -44,6 +44,15 @@ class Fact:
     met: bool
 
 
+@dataclass
+class Grid:
+    """A measured table (e.g. throughput against table size), rendered as is."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
 def median_seconds(fn, *, repeat: int, warmup: int = 2) -> float:
     """Median wall time of fn() over `repeat` runs, after `warmup` runs."""
     for _ in range(warmup):
@@ -79,6 +88,7 @@ def _fmt_time(seconds: float) -> str:
 def markdown(title: str, rows: list) -> str:
     races = [r for r in rows if isinstance(r, Row)]
     facts = [r for r in rows if isinstance(r, Fact)]
+    grids = [r for r in rows if isinstance(r, Grid)]
     lines = [f"## {title}", ""]
     if races:
         lines += [
@@ -95,6 +105,10 @@ def markdown(title: str, rows: list) -> str:
         lines += ["| measure | value | target | met |", "|---|---|---|---|"]
         for f in facts:
             lines.append(f"| {f.name} | {f.value} | {f.target} | {'yes' if f.met else 'NO'} |")
+        lines.append("")
+    for g in grids:
+        lines += [f"**{g.title}**", "", "| " + " | ".join(g.columns) + " |", "|" + "---|" * len(g.columns)]
+        lines += ["| " + " | ".join(row) + " |" for row in g.rows]
         lines.append("")
     return "\n".join(lines)
 

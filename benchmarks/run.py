@@ -17,6 +17,9 @@ import torch  # noqa: E402
 
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
+import bench_fbgemm  # noqa: E402
+import bench_remote  # noqa: E402
+import bench_scaling  # noqa: E402
 import bench_serialization  # noqa: E402
 import bench_training  # noqa: E402
 import harness  # noqa: E402
@@ -26,6 +29,9 @@ SUITES = [
     ("Embedding lookups on a table (issue: store engine and table storage)", bench_embedding.run),
     ("Training step on a table (issue: training on tables)", bench_training.run),
     ("Saving and loading a lazy table (issue: torch.compile and state_dict)", bench_serialization.run),
+    ("recdev vs fbgemm's CPU table-batched embedding (optional peer of the two issues above)", bench_fbgemm.run),
+    ("Remote store on loopback (issue: remote store)", bench_remote.run),
+    ("Scaling (issue: the main job and the benchmark suite)", bench_scaling.run),
 ]
 
 

@@ -8,6 +8,8 @@ training gets. Ids are Zipf-distributed over large id spaces; some tables have
 
     python examples/train_ctr.py                  # the make demo run (embedded store)
     python examples/train_ctr.py --checkpoint DIR # save after each epoch; resume from DIR if present
+    python examples/train_ctr.py --servers tcp://127.0.0.1:7070,tcp://127.0.0.1:7071
+                                                  # the tables on recdev-server shards (docs/server.md)
 """
 
 from __future__ import annotations
@@ -182,7 +184,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--checkpoint", help="directory: save after each epoch, resume from it when present")
     parser.add_argument("--plot", default="ctr_learning_curves.png", help="where to write the learning-curve PNG")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--servers", help="recdev-server shards (tcp://host:port,...); default: the embedded store "
+                        "(or $RECDEV_SERVERS)")
     args = parser.parse_args(argv)
+    if args.servers:
+        torch_recdev.connect(args.servers)
+    print(f"store: {torch_recdev.store_info()}")
 
     torch.manual_seed(args.seed)
     log = ClickLog(args.seed)

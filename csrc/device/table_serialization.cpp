@@ -2,7 +2,7 @@
 
 #include "table_storage.h"
 
-#include "store/table.h"
+#include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
 
@@ -28,7 +28,7 @@ struct Snapshot {
   std::optional<store::RowSet> rows;
 };
 
-Snapshot snapshot_rows(const store::Table& table) {
+Snapshot snapshot_rows(const store::TableHandle& table) {
   Snapshot snapshot;
   table.scan(
       [&](const store::TableScanHeader& header) {
@@ -39,7 +39,7 @@ Snapshot snapshot_rows(const store::Table& table) {
   return snapshot;
 }
 
-void install(store::Table& table, Snapshot& snapshot) {
+void install(store::TableHandle& table, Snapshot& snapshot) {
   const store::TableScanHeader& h = snapshot.header;
   table.install(*snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
 }

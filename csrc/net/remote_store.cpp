@@ -10,6 +10,7 @@
 #include "remote_checkpoint.h"
 #include "store/coalesce.h"
 #include "store/errors.h"
+#include "store/pooled_gradients.h"
 
 namespace recdev::net {
 
@@ -278,6 +279,36 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   session_->exchange(lease, calls);
 }
 
+void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                                store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                                int64_t padding_idx, const float* bag_grads) {
+  const store::EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights,
+                                padding_idx};
+  store::validate_embedding_bag(bag, num_rows_);
+  if (mode == store::PoolingMode::Max) {
+    throw StoreError(ErrorCode::InvalidArgument, "update_pooled of " + label() + ": max bags need per-id gradients");
+  }
+  const store::PooledGradients pooled(bag, bag_grads, dim_);
+  std::vector<float> grads(pooled.size() * dim_);
+  for (size_t i = 0; i < pooled.size(); ++i) {
+    std::copy_n(pooled.rows()[i], dim_, grads.data() + i * dim_);
+  }
+  update(pooled.ids(), pooled.size(), grads.data());
+}
+
+void RemoteTable::scan(const std::function<void(const store::TableScanHeader&)>&,
+                       const std::function<void(uint64_t, const float*)>&) const {
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "torch.save of " + label() + " is not supported on a remote store yet; checkpoint named tables "
+                   "with torch_recdev.ops.save(path), or save while connected to the embedded store");
+}
+
+void RemoteTable::install(store::RowSet&, const store::InitRule&, uint64_t, const store::OptimizerConfig&, uint64_t) {
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "torch.load into " + label() + " is not supported on a remote store yet; load named tables with "
+                   "torch_recdev.ops.load(path), or load with map_location='cpu'");
+}
+
 void RemoteTable::update(const uint64_t* ids, size_t n, const float* grads) {
   check_ids(ids, n);
   // The store's checks, here, so that no shard applies a batch another would refuse.
@@ -292,7 +323,9 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const float* grads) {
       }
     }
   }
-  if (const auto overflow = store::CoalescedGradients(ids, n, grads, dim_, 1).first_overflow()) {
+  std::vector<const float*> grad_rows(n);
+  for (size_t i = 0; i < n; ++i) grad_rows[i] = grads + i * dim_;
+  if (const auto overflow = store::CoalescedGradients(ids, n, grad_rows.data(), dim_, 1).first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument, "update of " + label() + " refused: the summed gradient of row id " +
                                                      std::to_string(overflow->row_id) + " overflows to inf at column " +
                                                      std::to_string(overflow->column) + "; nothing was applied");

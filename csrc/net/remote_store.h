@@ -58,7 +58,17 @@ class RemoteTable final : public store::TableHandle {
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
   void update(const uint64_t* ids, size_t n, const float* grads) override;
+  // Expands the bags' gradients to one row per id (store::PooledGradients) and sends them as update
+  // does: one optimizer step.
+  void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                     store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                     int64_t padding_idx, const float* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
+  // Not supported on a remote table yet: StoreError(InvalidArgument) saying what to use instead.
+  void scan(const std::function<void(const store::TableScanHeader&)>& on_header,
+            const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
+  void install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
+               const store::OptimizerConfig& optimizer, uint64_t optimizer_step) override;
 
   // FREE_TABLE on every shard that still has it; errors are ignored (the session's lease frees what
   // an unreachable server keeps).

@@ -49,6 +49,23 @@ uint64_t LocalTable::optimizer_step() const { return table_->optimizer_step(); }
 void LocalTable::set_optimizer_step(uint64_t step) { table_->set_optimizer_step(step); }
 void LocalTable::update(const uint64_t* ids, size_t n, const float* grads) { table_->update(ids, n, grads); }
 
+void LocalTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                               PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                               int64_t padding_idx, const float* bag_grads) {
+  table_->update_pooled(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
+                        bag_grads);
+}
+
+void LocalTable::scan(const std::function<void(const TableScanHeader&)>& on_header,
+                      const std::function<void(uint64_t row_id, const float* record)>& on_row) const {
+  table_->scan(on_header, on_row);
+}
+
+void LocalTable::install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
+                         uint64_t optimizer_step) {
+  table_->install(rows, init, init_stream, optimizer, optimizer_step);
+}
+
 uint32_t LocalTable::gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const {
   return table_->gather_state(ids, n, out);
 }

@@ -40,7 +40,14 @@ class LocalTable final : public TableHandle {
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
   void update(const uint64_t* ids, size_t n, const float* grads) override;
+  void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
+                     const float* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
+  void scan(const std::function<void(const TableScanHeader&)>& on_header,
+            const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
+  void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
+               uint64_t optimizer_step) override;
 
  private:
   const std::shared_ptr<Table> table_;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,7 +51,17 @@ class TableHandle {
   virtual uint64_t optimizer_step() const = 0;
   virtual void set_optimizer_step(uint64_t step) = 0;
   virtual void update(const uint64_t* ids, size_t n, const float* grads) = 0;
+  virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                             PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                             int64_t padding_idx, const float* bag_grads) = 0;
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
+
+  // Whole-table snapshots, for torch.save / torch.load of a table (csrc/device/table_serialization.cpp).
+  // A remote table refuses both with StoreError(InvalidArgument) for now (docs/remote.md).
+  virtual void scan(const std::function<void(const TableScanHeader&)>& on_header,
+                    const std::function<void(uint64_t row_id, const float* record)>& on_row) const = 0;
+  virtual void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
+                       uint64_t optimizer_step) = 0;
 };
 
 class StoreClient {
