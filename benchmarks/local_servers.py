@@ -4,20 +4,23 @@ and a Redis peer, each on a port it picks, stopped on exit."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import tempfile
 import time
 
-from torch_recdev.local_shards import start_local_shards
+from torch_recdev import local_shards
 
 
 @contextlib.contextmanager
 def local_recdev_servers(num_shards: int):
     """Yields the shards' addresses ("tcp://127.0.0.1:PORT")."""
-    with start_local_shards(num_shards) as shards:
-        yield shards.addresses
+    servers = local_shards.start_shards(num_shards)
+    try:
+        yield [server.url for server in servers]
+    finally:
+        for server in servers:
+            server.kill()
 
 
 def _free_port() -> int:

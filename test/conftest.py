@@ -12,7 +12,7 @@ table-storage, training and store-API suites use it for every test
 
 import pytest
 
-import recdev_servers
+from torch_recdev import local_shards
 
 import torch_recdev
 from torch_recdev import _C
@@ -32,8 +32,8 @@ def restore_table_settings():
 @pytest.fixture(scope="session")
 def remote_shards(tmp_path_factory):
     """Two recdev-server shards on loopback for the whole session: their server list."""
-    servers = recdev_servers.start_shards(2, log_dir=str(tmp_path_factory.mktemp("server-logs")))
-    yield recdev_servers.server_list(servers)
+    servers = local_shards.start_shards(2, log_dir=str(tmp_path_factory.mktemp("server-logs")))
+    yield local_shards.server_list(servers)
     for server in servers:
         server.stop()
 

@@ -1,131 +1,125 @@
-"""recdev-server shards on this machine, for single-machine runs, examples,
-tests and benchmarks: each a real `recdev-server` process on 127.0.0.1 with a
-port it picks itself, stopped when the context exits.
+"""recdev-server processes on this machine: for single-machine runs, examples,
+benchmarks and the tests. Each is a real `recdev-server` (started as
+`python -m torch_recdev.server`) on 127.0.0.1, on a port it picks itself and
+prints; whoever starts one stops it.
 
-    with torch_recdev.start_local_shards(2) as shards:
-        torch_recdev.connect(shards.url)
+    servers = torch_recdev.local_shards.start_shards(2)
+    try:
+        torch_recdev.connect(torch_recdev.local_shards.server_list(servers))
         ...
+    finally:
+        for server in servers:
+            server.stop()
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
-import threading
-from typing import Optional, Sequence
+import tempfile
+import time
 
-_LISTENING = re.compile(r"listening on (\S+:\d+)")
+STARTUP_TIMEOUT = 120.0  # importing torch on a loaded 2-core machine takes seconds
+_LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)\n")
 
 
-class LocalShards:
-    """N recdev-server processes forming one store: shard i of N each."""
+def server_env() -> dict:
+    """A server's environment: without RECDEV_SERVERS, or the server's own import of torch_recdev
+    would connect it to servers."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name in ("RECDEV_SERVERS", "RECDEV_TOKEN", "RECDEV_TIMEOUT"):
+        env.pop(name, None)
+    return env
 
-    def __init__(self, num_shards: int, *, token_file: Optional[str] = None,
-                 checkpoint_dir: Optional[str] = None, extra_args: Sequence[str] = (),
-                 start_timeout: float = 60.0):
-        if num_shards < 1:
-            raise ValueError(f"start_local_shards: num_shards must be >= 1, got {num_shards}")
-        self.num_shards = num_shards
-        self._token_file = token_file
-        self._checkpoint_dir = checkpoint_dir
-        self._extra_args = list(extra_args)
-        self._start_timeout = start_timeout
-        self.procs: list[Optional[subprocess.Popen]] = [None] * num_shards
-        self.addresses: list[str] = [""] * num_shards
-        try:
-            for shard in range(num_shards):
-                self.start(shard)
-        except BaseException:
-            self.stop()
-            raise
+
+class ServerProcess:
+    """`recdev-server ARGS...`; returns once it listens (its stderr goes to a log file)."""
+
+    def __init__(self, *args: str, log_dir: str | None = None):
+        self.args = args
+        fd, self.stderr_path = tempfile.mkstemp(prefix="recdev-server-", suffix=".log", dir=log_dir)
+        with os.fdopen(fd, "w") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-m", "torch_recdev.server", *args],
+                                         stdout=subprocess.PIPE, stderr=stderr, text=True, env=server_env())
+        self.port = self._read_port()
+
+    def _read_port(self) -> int:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.5)
+            if ready:
+                line = self.proc.stdout.readline()
+                match = _LISTENING.fullmatch(line)
+                if match:
+                    return int(match.group(1))
+                if line == "":
+                    break
+            elif self.proc.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError(f"recdev-server {' '.join(self.args)} did not start: {self.log()!r}")
+
+    @property
+    def address(self) -> str:
+        """host:port, as `recdev-server --stats` takes it."""
+        return f"127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
-        """The shards' addresses as torch_recdev.connect takes them."""
-        return ",".join(self.addresses)
+        """tcp://host:port, as torch_recdev.connect takes it."""
+        return f"tcp://{self.address}"
 
-    def command(self, shard: int, listen: str) -> list[str]:
-        cmd = [sys.executable, "-m", "torch_recdev.server", "--listen", listen,
-               "--shard", str(shard), "--num-shards", str(self.num_shards)]
-        if self._token_file:
-            cmd += ["--token-file", self._token_file]
-        if self._checkpoint_dir:
-            cmd += ["--checkpoint-dir", os.path.join(self._checkpoint_dir, f"shard-{shard}")]
-        return cmd + self._extra_args
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
-    def start(self, shard: int) -> None:
-        """Starts (or restarts, on the port it had) shard `shard`; returns once it listens."""
-        previous = self.addresses[shard]
-        listen = previous.removeprefix("tcp://") if previous else "127.0.0.1:0"
-        if self._checkpoint_dir:
-            os.makedirs(os.path.join(self._checkpoint_dir, f"shard-{shard}"), exist_ok=True)
-        proc = subprocess.Popen(self.command(shard, listen), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        self.procs[shard] = proc
-        address = self._wait_listening(proc, shard)
-        self.addresses[shard] = f"tcp://{address}"
+    def log(self) -> str:
+        """What the server wrote to stderr so far."""
+        with open(self.stderr_path) as f:
+            return f.read()
 
-    def _wait_listening(self, proc: subprocess.Popen, shard: int) -> str:
-        found: list[str] = []
-
-        def read():
-            for line in proc.stdout:
-                match = _LISTENING.search(line)
-                if match:
-                    found.append(match.group(1))
-                    return
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(self._start_timeout)
-        if not found:
-            proc.kill()
-            _, err = proc.communicate(timeout=10)
-            raise RuntimeError(f"recdev-server shard {shard} did not start within {self._start_timeout} s: "
-                               f"{(err or '').strip()[-2000:] or 'no output'}")
-        # Keep draining its output so the server never blocks on a full pipe.
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
-        return found[0]
-
-    def kill(self, shard: int) -> None:
-        """SIGKILL: the shard dies at once, without a checkpoint."""
-        proc = self.procs[shard]
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-
-    def terminate(self, shard: int) -> int:
-        """SIGTERM: the shard finishes in-flight requests, checkpoints, exits. Returns its exit code."""
-        proc = self.procs[shard]
-        if proc is None:
-            return 0
-        if proc.poll() is None:
-            proc.terminate()
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Sends `sig` (SIGTERM: finish in-flight requests, checkpoint, exit) and returns the exit code."""
+        if self.alive():
+            self.proc.send_signal(sig)
         try:
-            return proc.wait(timeout=60)
+            return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"recdev-server shard {shard} did not exit within 60 s of SIGTERM; killed it")
+            self.kill()
+            raise
 
-    def stop(self) -> None:
-        for shard, proc in enumerate(self.procs):
-            if proc is not None and proc.poll() is None:
-                try:
-                    self.terminate(shard)
-                except RuntimeError:
-                    pass
-
-    def __enter__(self) -> "LocalShards":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
-def start_local_shards(num_shards: int, **options) -> LocalShards:
-    """Starts `num_shards` recdev-server processes on loopback (see LocalShards)."""
-    return LocalShards(num_shards, **options)
+class Server(ServerProcess):
+    """Shard `shard` of `num_shards`, on a free loopback port unless `listen` says otherwise."""
+
+    def __init__(self, shard: int, num_shards: int, *extra: str, listen: str = "127.0.0.1:0",
+                 log_dir: str | None = None):
+        super().__init__("--listen", listen, "--shard", str(shard), "--num-shards", str(num_shards), *extra,
+                         log_dir=log_dir)
+
+
+def start_shards(num_shards: int, *extra: str, log_dir: str | None = None) -> list[Server]:
+    """The num_shards servers of one store; extra arguments go to every one of them."""
+    servers: list[Server] = []
+    try:
+        for shard in range(num_shards):
+            servers.append(Server(shard, num_shards, *extra, log_dir=log_dir))
+    except BaseException:
+        for server in servers:
+            server.kill()
+        raise
+    return servers
+
+
+def server_list(servers: list[ServerProcess]) -> str:
+    """The servers as torch_recdev.connect and RECDEV_SERVERS take them."""
+    return ",".join(server.url for server in servers)

@@ -17,6 +17,9 @@ def test_quick_benchmark_run_writes_table_and_plot(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     table = (tmp_path / "quick.md").read_text()
-    for workload in ("add, 1M float32", "F.embedding, 65,536 ids", "embedding_bag sum", "training step", "torch.save, 10^9-row table"):
+    for workload in ("add, 1M float32", "F.embedding, 65,536 ids", "embedding_bag sum", "training step",
+                     "torch.save, 10^9-row table", "remote gather, 65,536 ids", "pooled on the shards",
+                     "raw loopback TCP stream", "throughput against table size", "against server shards",
+                     "fbgemm"):
         assert workload in table
     assert (tmp_path / "quick.png").stat().st_size > 10_000

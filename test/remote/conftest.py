@@ -3,17 +3,17 @@ fixture that started them, and the embedded store made current again after each 
 
 import pytest
 
-import recdev_servers
+from torch_recdev import local_shards
 import torch_recdev
 
 
 @pytest.fixture
 def start_shards(tmp_path):
-    """start_shards(n, *server_args) -> n running recdev_servers.Server of one store."""
+    """start_shards(n, *server_args) -> n running local_shards.Server of one store."""
     started = []
 
     def start(num_shards, *extra):
-        servers = recdev_servers.start_shards(num_shards, *extra, log_dir=str(tmp_path))
+        servers = local_shards.start_shards(num_shards, *extra, log_dir=str(tmp_path))
         started.extend(servers)
         return servers
 

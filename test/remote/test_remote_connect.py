@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-import recdev_servers
+from torch_recdev import local_shards
 import torch_recdev
 from torch_recdev import _C, ops
 
@@ -24,8 +24,8 @@ def free_port():
 
 def test_store_info_describes_the_current_store(start_shards):
     servers = start_shards(2)
-    info = torch_recdev.connect(recdev_servers.server_list(servers), timeout=7.5)
-    assert info == {"kind": "remote", "servers": [s.address for s in servers], "shards": 2, "timeout": 7.5}
+    info = torch_recdev.connect(local_shards.server_list(servers), timeout=7.5)
+    assert info == {"kind": "remote", "servers": [s.url for s in servers], "shards": 2, "timeout": 7.5}
     assert torch_recdev.store_info() == info
     assert torch_recdev.connect(None)["kind"] == "embedded"
 
@@ -78,16 +78,16 @@ def test_a_silent_listener_times_out_naming_the_server():
 def test_servers_in_the_wrong_order_are_refused(start_shards):
     servers = start_shards(2)
     with pytest.raises(ValueError, match="serves shard 1 of 2.*shard order"):
-        torch_recdev.connect(f"{servers[1].address},{servers[0].address}")
+        torch_recdev.connect(f"{servers[1].url},{servers[0].url}")
     with pytest.raises(ValueError, match="serves shard 0 of 2"):
-        torch_recdev.connect(servers[0].address)
+        torch_recdev.connect(servers[0].url)
 
 
 def test_token(start_shards, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
     servers = start_shards(2, "--token-file", str(token_file))
-    addresses = recdev_servers.server_list(servers)
+    addresses = local_shards.server_list(servers)
     with pytest.raises(PermissionError, match=r"recdev-server 127.0.0.1:\d+ \(shard 0 of 2\), HELLO: .*token"):
         torch_recdev.connect(addresses)
     with pytest.raises(PermissionError, match="token"):
@@ -100,7 +100,7 @@ def test_token(start_shards, tmp_path):
 
 def test_tables_keep_the_store_they_live_in(start_shards):
     servers = start_shards(2)
-    addresses = recdev_servers.server_list(servers)
+    addresses = local_shards.server_list(servers)
     embedded = ops.init_embedding_table("where", 50, 4, init=torch_recdev.Constant(1.0))
     torch_recdev.connect(addresses)
     remote = ops.init_embedding_table("where", 50, 4, init=torch_recdev.Constant(2.0))
@@ -117,12 +117,12 @@ def test_tables_keep_the_store_they_live_in(start_shards):
 
 
 def server_tables(server):
-    return _C._server.server_stats(server.address[len("tcp://"):], "", 10.0)["tables"]
+    return _C._server.server_stats(server.address, "", 10.0)["tables"]
 
 
 def test_anonymous_tables_are_freed_with_their_storage(start_shards):
     servers = start_shards(2)
-    torch_recdev.connect(recdev_servers.server_list(servers))
+    torch_recdev.connect(local_shards.server_list(servers))
     before = [server_tables(s) for s in servers]
     with torch_recdev.placement("table"):
         w = torch.ones(1000, 8, device="recdev")
@@ -135,7 +135,7 @@ def test_anonymous_tables_are_freed_with_their_storage(start_shards):
 
 def test_errors_name_the_server_and_the_operation(start_shards):
     servers = start_shards(2)
-    torch_recdev.connect(recdev_servers.server_list(servers))
+    torch_recdev.connect(local_shards.server_list(servers))
     t = ops.init_embedding_table("named_errors", 100, 4)
     with pytest.raises(ValueError, match="init_embedding_table: table 'named_errors' exists with 100 x 4"):
         ops.init_embedding_table("named_errors", 100, 8)
@@ -150,7 +150,7 @@ def test_errors_name_the_server_and_the_operation(start_shards):
 
 def test_recdev_servers_connects_at_import(start_shards):
     servers = start_shards(2)
-    addresses = recdev_servers.server_list(servers)
+    addresses = local_shards.server_list(servers)
     code = textwrap.dedent(
         """
         import torch, torch_recdev
@@ -195,7 +195,7 @@ def test_a_forked_child_talks_on_its_own_connections(remote_shards):
 
 def test_an_idle_client_keeps_its_session_past_the_lease(start_shards):
     servers = start_shards(2, "--lease-seconds", "1")
-    torch_recdev.connect(recdev_servers.server_list(servers))
+    torch_recdev.connect(local_shards.server_list(servers))
     with torch_recdev.placement("table"):
         w = torch.full((100, 4), 2.0, device="recdev")
     time.sleep(3)  # three leases with no request: open connections and the heartbeat keep the session

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-import recdev_servers
+from torch_recdev import local_shards
 import torch_recdev
 from torch_recdev import _C, ops
 
@@ -48,7 +48,7 @@ for keys, grads in trainer_grads({seed}, {steps}):
 
 
 def test_two_trainers_updating_one_table_lose_no_update(start_shards):
-    servers = recdev_servers.server_list(start_shards(2))
+    servers = local_shards.server_list(start_shards(2))
     torch_recdev.connect(servers)
     table = shared_table("shared")
     steps = 40
@@ -77,7 +77,7 @@ def step_all(table, keys):
 def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(start_shards, tmp_path):
     checkpoints = tmp_path / "ckpt"
     servers = start_shards(2, "--checkpoint-dir", str(checkpoints))
-    torch_recdev.connect(recdev_servers.server_list(servers), timeout=5.0)
+    torch_recdev.connect(local_shards.server_list(servers), timeout=5.0)
     table = shared_table("resumed")
     keys = torch.arange(0, ROWS, 7)
     for _ in range(3):
@@ -86,7 +86,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     # client, whose connection the restart broke, carries on.
     port = servers[1].port
     assert servers[1].stop() == 0
-    servers[1] = recdev_servers.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
+    servers[1] = local_shards.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
     for _ in range(2):
         step_all(table, keys)
     assert torch.equal(ops.emb_read(table, keys).cpu(), torch.full((keys.numel(), DIM), -5.0))
@@ -106,7 +106,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     servers[1].kill()
 
     # Restarted from its checkpoint: shard 1's rows are back at -3, shard 0's kept every step.
-    servers[1] = recdev_servers.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
+    servers[1] = local_shards.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
     for _ in range(4):
         step_all(table, keys)
     rows = ops.emb_read(table, keys).cpu()
@@ -122,7 +122,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
 
 def test_a_hung_shard_times_out(start_shards):
     servers = start_shards(2)
-    torch_recdev.connect(recdev_servers.server_list(servers), timeout=1.5)
+    torch_recdev.connect(local_shards.server_list(servers), timeout=1.5)
     table = shared_table("hung")
     keys = torch.arange(0, ROWS, 3)
     step_all(table, keys)

@@ -44,7 +44,7 @@ def test_stop_signal_writes_checkpoint_and_restart_loads_it(start_server, tmp_pa
         digest = checksum(c)
         rows = c.gather(table, ids)
     assert server.stop(sig) == 0
-    assert "stopped" in server.stderr()
+    assert "stopped" in server.log()
     path = tmp_path / "ckpt" / "shard-1-of-2.recdev"
     assert path.exists()
 

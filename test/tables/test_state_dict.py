@@ -15,6 +15,10 @@ from torch_recdev import set_max_fallback_bytes, table_stats
 
 HUGE_ROWS = 10**10
 
+# The embedded store only for now (embedded_only in conftest.py); test/remote/test_remote_serialization.py
+# pins what the remote store says instead.
+pytestmark = pytest.mark.usefixtures("embedded_only")
+
 
 def _save(obj, path=None):
     buffer = io.BytesIO() if path is None else path
@@ -255,3 +259,4 @@ def test_tables_pickle_only_through_torch_save_safe_globals():
     buffer = _save({"w": w})
     assert torch.load(buffer, weights_only=True)["w"].shape == w.shape
     assert len(pickle.dumps(torch.arange(3))) > 0  # other tensors are untouched by the table hook
+
