@@ -45,3 +45,22 @@ def test_quickstart_runs():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "parameters live on recdev:0" in result.stdout
+
+
+def test_main_job_on_two_server_shards_with_checkpoint_and_resume(tmp_path):
+    from torch_recdev import local_shards
+
+    servers = local_shards.start_shards(2, log_dir=str(tmp_path))
+    try:
+        ckpt = tmp_path / "ckpt"
+        common = ["--servers", local_shards.server_list(servers), "--train-samples", "60000",
+                  "--test-samples", "10000", "--checkpoint", str(ckpt), "--plot", ""]
+        out = _run(*common, "--epochs", "1")
+        assert "'kind': 'remote'" in out and "'shards': 2" in out, out
+        assert (ckpt / "tables.recdev").exists()
+        out = _run(*common, "--epochs", "2")
+        assert "resumed from" in out and "epoch 2:" in out
+        assert _held_out_auc(out) > 0.7
+    finally:
+        for server in servers:
+            server.kill()
