@@ -61,9 +61,6 @@ def run(quick: bool = False) -> list:
         Fact("create nn.Embedding(10^10, 128) on recdev", f"{created_s * 1e3:.2f} ms, {held} bytes held",
              "O(1): no row materialized", torch_recdev.table_stats(huge.weight)["rows"] == 0)
     )
-    rows.append(Fact("fbgemm CPU table-batched embedding (optional peer)",
-                     "not run: fbgemm-gpu-cpu==1.9.0 needs torch==2.14.1 in its own venv; planned with the benchmark suite",
-                     "parity", False))
     return rows
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 import torch_recdev
-from harness import Fact, Row, compare
+from harness import Row, compare
 
 NUM_ROWS, DIM, NUM_IDS, BAG, STEPS = 1_000_000, 128, 65_536, 4, 20
 
@@ -42,9 +42,6 @@ def run(quick: bool = False) -> list:
     return [
         Row(f"training step, fused Adagrad ({steps} steps)", recdev_s, "torch CPU EmbeddingBag(sparse) + Adagrad",
             cpu_s, "≥ 5×", 5.0),
-        Fact("fbgemm CPU EXACT_ROWWISE_ADAGRAD vs recdev RowWiseAdagrad (optional peer)",
-             "not run: fbgemm-gpu-cpu==1.9.0 needs torch==2.14.1 in its own venv; planned with the benchmark suite",
-             "≥ 2×", False),
     ]
 
 
