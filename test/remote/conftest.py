@@ -9,7 +9,8 @@ import torch_recdev
 
 @pytest.fixture
 def start_shards(tmp_path):
-    """start_shards(n, *server_args) -> n running local_shards.Server of one store."""
+    """start_shards(n, *server_args) -> n running local_shards.Server of one store;
+    start_shards.restart(shard, n, *server_args, listen=...) starts one again."""
     started = []
 
     def start(num_shards, *extra):
@@ -17,6 +18,13 @@ def start_shards(tmp_path):
         started.extend(servers)
         return servers
 
+    def restart(shard, num_shards, *extra, listen):
+        """One shard started again (on its old port), stopped with the others."""
+        server = local_shards.Server(shard, num_shards, *extra, listen=listen, log_dir=str(tmp_path))
+        started.append(server)
+        return server
+
+    start.restart = restart
     yield start
     torch_recdev.connect(None)
     for server in started:

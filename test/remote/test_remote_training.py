@@ -86,7 +86,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     # client, whose connection the restart broke, carries on.
     port = servers[1].port
     assert servers[1].stop() == 0
-    servers[1] = local_shards.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
+    servers[1] = start_shards.restart(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}")
     for _ in range(2):
         step_all(table, keys)
     assert torch.equal(ops.emb_read(table, keys).cpu(), torch.full((keys.numel(), DIM), -5.0))
@@ -106,7 +106,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     servers[1].kill()
 
     # Restarted from its checkpoint: shard 1's rows are back at -3, shard 0's kept every step.
-    servers[1] = local_shards.Server(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}", log_dir=str(tmp_path))
+    servers[1] = start_shards.restart(1, 2, "--checkpoint-dir", str(checkpoints), listen=f"127.0.0.1:{port}")
     for _ in range(4):
         step_all(table, keys)
     rows = ops.emb_read(table, keys).cpu()
