@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -22,16 +20,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-
-def median_seconds(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from harness import median_seconds  # stdlib only, so it imports in the peer's venv too
 
 
 def main(argv=None) -> int:
@@ -67,8 +56,8 @@ def main(argv=None) -> int:
 
     result = {
         "torch": torch.__version__,
-        "forward_s": median_seconds(forward, args.repeat),
-        "train_step_s": median_seconds(train_step, args.repeat),
+        "forward_s": median_seconds(forward, repeat=args.repeat),
+        "train_step_s": median_seconds(train_step, repeat=args.repeat),
         "threads": torch.get_num_threads(),
     }
     json.dump(result, sys.stdout)

@@ -198,23 +198,18 @@ void RemoteTable::set_optimizer_step(uint64_t step) {
   broadcast(Opcode::SetStep, [&](uint64_t id) { return SetStepRequest{id, step}; });
 }
 
-void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) {
+void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const {
   check_ids(ids, n);
   const size_t row_bytes = size_t{dim_} * sizeof(float);
-  fan_out_ids(ids, n, Opcode::Gather, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
+  fan_out_ids(ids, n, opcode, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
     const float* rows = rows_in(call, count, dim_);
     for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows + k * dim_, row_bytes);
   });
 }
 
-void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const {
-  check_ids(ids, n);
-  const size_t row_bytes = size_t{dim_} * sizeof(float);
-  fan_out_ids(ids, n, Opcode::Peek, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
-    const float* rows = rows_in(call, count, dim_);
-    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows + k * dim_, row_bytes);
-  });
-}
+void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) { fetch_rows(ids, n, out, Opcode::Gather); }
+
+void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const { fetch_rows(ids, n, out, Opcode::Peek); }
 
 void RemoteTable::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
   check_ids(ids, n);
@@ -415,14 +410,7 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
 }
 
 void RemoteTable::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
-  using uint128 = unsigned __int128;
-  const uint128 table_bytes = uint128{num_rows_} * dim_ * sizeof(float);
-  if (uint128{byte_offset} + nbytes > table_bytes) {
-    throw StoreError(ErrorCode::OutOfRange, "byte range [" + std::to_string(byte_offset) + ", " +
-                                                std::to_string(byte_offset) + " + " + std::to_string(nbytes) +
-                                                ") is outside " + label() + " of " + std::to_string(num_rows_) +
-                                                " rows of " + std::to_string(dim_ * sizeof(float)) + " bytes");
-  }
+  store::check_dense_byte_range(num_rows_, dim_, byte_offset, nbytes, label());
 }
 
 void RemoteTable::read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const {

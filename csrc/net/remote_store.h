@@ -93,6 +93,8 @@ class RemoteTable final : public store::TableHandle {
   // shard with none) and hands each answer, with the batch positions of its ids, to `take`.
   template <class Take>
   void fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id, Take take) const;
+  // gather (Opcode::Gather) and peek (Opcode::Peek): rows fetched from their shards into out.
+  void fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const;
   // Sends one request of `opcode` with `message(table_id)` to every shard.
   template <class MakeMessage>
   void broadcast(Opcode opcode, MakeMessage message);

@@ -169,17 +169,20 @@ void Table::check_ids(const uint64_t* ids, size_t n) const {
   }
 }
 
-void Table::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
-  // 128-bit: with sparse 64-bit row ids, the dense view of a table can exceed 2^64 bytes.
+void check_dense_byte_range(uint64_t num_rows, uint32_t dim, uint64_t byte_offset, uint64_t nbytes,
+                            const std::string& table) {
   using uint128 = unsigned __int128;
-  const uint128 table_bytes = uint128{num_rows_} * dim_ * sizeof(float);
+  const uint128 table_bytes = uint128{num_rows} * dim * sizeof(float);
   if (uint128{byte_offset} + nbytes > table_bytes) {
     throw StoreError(ErrorCode::OutOfRange, "byte range [" + std::to_string(byte_offset) + ", " +
                                                 std::to_string(byte_offset) + " + " + std::to_string(nbytes) +
-                                                ") is outside table " + std::to_string(id_) + " of " +
-                                                std::to_string(num_rows_) + " rows of " +
-                                                std::to_string(dim_ * sizeof(float)) + " bytes");
+                                                ") is outside " + table + " of " + std::to_string(num_rows) +
+                                                " rows of " + std::to_string(dim * sizeof(float)) + " bytes");
   }
+}
+
+void Table::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
+  check_dense_byte_range(num_rows_, dim_, byte_offset, nbytes, "table " + std::to_string(id_));
 }
 
 float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {

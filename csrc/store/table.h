@@ -63,6 +63,12 @@ bool operator==(const TableConfig& lhs, const TableConfig& rhs);
 bool operator!=(const TableConfig& lhs, const TableConfig& rhs);
 std::string describe(const TableConfig& config);
 
+// Throws StoreError(OutOfRange) unless [byte_offset, byte_offset + nbytes) lies within the dense
+// [num_rows, dim] float32 view of a table; `table` names it in the message. (128-bit: with sparse
+// 64-bit row ids, the dense view can exceed 2^64 bytes.)
+void check_dense_byte_range(uint64_t num_rows, uint32_t dim, uint64_t byte_offset, uint64_t nbytes,
+                            const std::string& table);
+
 // Throws StoreError(InvalidArgument) unless dim >= 1, a record is at most 1 GiB and the init rule is
 // valid. Any num_rows is fine: row ids may be sparse 64-bit keys.
 void validate_table_config(const TableConfig& config);
