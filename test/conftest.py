@@ -29,6 +29,22 @@ def restore_table_settings():
     _C._set_placement(placement)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_compile_caches(tmp_path_factory):
+    """torch.compile's on-disk caches (Inductor's FX graphs, AOTAutograd) in a directory of this
+    session: a graph cached by an earlier run, or by an earlier version of the code, must not make
+    a compile test pass or fail."""
+    import os
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def remote_shards(tmp_path_factory):
     """Two recdev-server shards on loopback for the whole session: their server list."""

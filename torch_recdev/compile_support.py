@@ -79,7 +79,11 @@ def _register_inductor(_compile_fx_module) -> None:
                     node.meta["should_fallback"] = True
 
         def uuid(self) -> str:
-            return "torch_recdev.compile.RunRecdevNodesEagerly.v1"
+            # Part of every AOTAutograd and FX graph cache key: a cached graph traced for a table
+            # must never serve a host weight of the same shape, nor the reverse (traced_lookups).
+            from .traced_lookups import compile_signature
+
+            return f"torch_recdev.compile.RunRecdevNodesEagerly.v2:{compile_signature()}"
 
     # CppScheduling never runs for recdev (no recdev node reaches code generation); the wrapper is
     # the ordinary Python one, which calls the eager kernels.

@@ -17,6 +17,9 @@ inside the graph) is host storage.
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -24,7 +27,7 @@ from torch._C import DispatchKey
 
 from . import _C
 
-__all__: list[str] = []
+__all__ = ["compile_signature"]
 
 _AUTOGRAD = DispatchKey.AutogradPrivateUse1
 
@@ -47,6 +50,60 @@ def _real_tensor(t: torch.Tensor) -> Optional[torch.Tensor]:
 def _is_table(weight: torch.Tensor) -> bool:
     real = _real_tensor(weight)
     return real is not None and _C._is_table(real)
+
+
+# --- storage kind: invisible to torch.compile's guards and caches ------------------------------
+#
+# A traced graph depends on whether each recdev weight is a table or host storage, but neither
+# Dynamo's tensor guards nor the AOTAutograd / FX graph cache keys see a storage kind (they see
+# dtype, device, shape, strides). Left alone, a graph compiled for a host weight would be reused
+# for a table of the same shape (training it through a dense gradient and never updating the
+# store), and vice versa. Two defences:
+# - `compile_signature()` goes into the cache keys (compile_support's custom-pass uuid), so a
+#   cached graph is only reused for the same storage kinds and the same tracing code;
+# - every traced lookup first runs `recdev::expect_storage`, which refuses, at run time, a weight
+#   whose storage kind differs from the one the graph was traced for (Dynamo reusing a graph for
+#   another model of the same shapes).
+
+_TRACING_CODE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def compile_signature() -> str:
+    """The storage kinds of the recdev tensors that the current compilation sees, in the order it
+    saw them ("T" table, "H" host), plus a hash of this file's code."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.fake_mode is None:
+        # Outside a compilation there is nothing to tell graphs apart by: never share.
+        return f"{_TRACING_CODE}:untraced:{uuid.uuid4().hex}"
+    describer = context.fake_mode.fake_tensor_converter.meta_converter.describer
+    kinds = "".join(
+        "T" if _C._is_table(real) else "H"
+        for real in list(describer.lookup_tensor.keys())
+        if real.device.type == "recdev"
+    )
+    return f"{_TRACING_CODE}:{kinds}"
+
+
+@torch.library.custom_op("recdev::expect_storage", mutates_args=())
+def _expect_storage(weight: torch.Tensor, table: bool) -> None:
+    if bool(_C._is_table(weight)) == table:
+        return
+    traced, given = ("a table", "host storage") if table else ("host storage", "a table")
+    raise RuntimeError(
+        f"recdev: this compiled graph was traced for an embedding weight in {traced}, but was called "
+        f"with one in {given} (shape {tuple(weight.shape)}). torch.compile's guards do not see a "
+        "tensor's storage kind, so it reused a graph compiled for another model of the same shapes. "
+        "Call torch._dynamo.reset() before compiling a model whose weights differ from an "
+        "already compiled one only in placement."
+    )
+
+
+@_expect_storage.register_fake
+def _(weight, table):
+    return None
+
+
+torch.fx.node.has_side_effect(torch.ops.recdev.expect_storage.default)
 
 
 # --- embedding ---------------------------------------------------------------------------------
@@ -78,7 +135,9 @@ _embedding_lookup.register_autograd(_embedding_backward, setup_context=_embeddin
 
 @torch.ops.aten.embedding.default.py_impl(_AUTOGRAD)
 def _traced_embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    if _is_table(weight):
+    table = _is_table(weight)
+    torch.ops.recdev.expect_storage(weight, table)
+    if table:
         return torch.ops.recdev.embedding_lookup(weight, indices, padding_idx, scale_grad_by_freq)
     return torch.ops.aten.embedding.default._op_dk(_AUTOGRAD, weight, indices, padding_idx, scale_grad_by_freq, sparse)
 
@@ -138,7 +197,9 @@ def _traced_embedding_bag(
     weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False, per_sample_weights=None,
     include_last_offset=False, padding_idx=-1,
 ):
-    if _is_table(weight):
+    table = _is_table(weight)
+    torch.ops.recdev.expect_storage(weight, table)
+    if table:
         return torch.ops.recdev.embedding_bag_lookup(
             weight, indices, offsets, scale_grad_by_freq, mode, per_sample_weights, include_last_offset, padding_idx
         )

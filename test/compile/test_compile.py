@@ -81,7 +81,7 @@ def test_inductor_compiles_the_cpu_part_and_runs_the_table_lookup_eagerly():
     ids, offsets = _batch(HUGE_ROWS, 0)
     with torch.no_grad():
         _, (code, *_) = run_and_get_code(torch.compile(model), ids, offsets)
-    assert "torch.ops.aten._embedding_bag.default(" in code  # the eager recdev kernel
+    assert "torch.ops.recdev.embedding_bag_lookup.default(" in code  # the lookup in the store, eagerly
     assert "cpp_fused" in code  # the MLP's ReLU, generated C++
     assert torch_recdev.table_stats(model.bag.weight)["rows"] <= 24  # the store gathered, nothing dense
 
@@ -200,3 +200,53 @@ def test_compiled_training_of_host_storage_embeddings_equals_eager(backend):
     compiled_model, opt = setup()
     assert train(torch.compile(compiled_model, backend=backend), compiled_model, opt) == pytest.approx(expected, rel=1e-5)
     assert torch.allclose(compiled_model.bag.weight.detach().cpu(), model.bag.weight.detach().cpu(), rtol=1e-5, atol=1e-7)
+
+
+class SmallBagMLP(BagMLP):
+    """BagMLP with 100 rows in either placement: a table and a host weight of the same shape, which
+    torch.compile's guards and caches cannot tell apart by their metadata."""
+
+    def __init__(self, placement):
+        torch.manual_seed(0)
+        super().__init__("host", "cpu")
+        with torch_recdev.placement(placement):
+            self.bag = nn.EmbeddingBag(100, DIM, mode="sum", device="recdev")
+
+
+def _one_compiled_step(placement, backend):
+    """One training step of a fresh SmallBagMLP through torch.compile: (weight, table update count)."""
+    model = SmallBagMLP(placement)
+    if placement == "table":
+        torch_recdev.optim.SGD([model.bag.weight], lr=0.1)
+    torch.compile(model, backend=backend)(*_batch(100, 0)).sum().backward()
+    updates = torch_recdev._C._table_optimizer_step(model.bag.weight) if placement == "table" else None
+    return model.bag.weight, updates
+
+
+def test_a_cached_graph_serves_only_the_storage_kind_it_was_traced_for():
+    from torch._dynamo.utils import counters
+
+    eager = SmallBagMLP("host")
+    eager(*_batch(100, 0)).sum().backward()
+    for placement in ["table", "host", "table"]:
+        torch._dynamo.reset()
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        weight, updates = _one_compiled_step(placement, "inductor")
+        if placement == "table":
+            assert weight.grad is None and updates == 1  # the store took the update
+        else:
+            assert torch.equal(weight.grad.cpu(), eager.bag.weight.grad.cpu())  # the ordinary dense gradient
+    # the second table compile reused the first one's cached graph: the cache still works
+    assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1
+
+
+@pytest.mark.parametrize("first, second", [("host", "table"), ("table", "host")])
+def test_a_graph_reused_for_the_other_storage_kind_is_refused(first, second):
+    _one_compiled_step(first, "aot_eager")
+    model = SmallBagMLP(second)  # same shapes: Dynamo's guards pass and it reuses the first graph
+    if second == "table":
+        torch_recdev.optim.SGD([model.bag.weight], lr=0.1)
+    with pytest.raises(RuntimeError, match=rf"traced for an embedding weight in .*torch._dynamo.reset\(\)"):
+        torch.compile(model, backend="aot_eager")(*_batch(100, 0))
+    if second == "table":
+        assert torch_recdev.table_stats(model.bag.weight)["rows"] == 0  # refused before the lookup
