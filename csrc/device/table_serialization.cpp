@@ -2,7 +2,6 @@
 
 #include "table_storage.h"
 
-#include "store/local_store.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -211,12 +210,6 @@ bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
   }
   if (from.table == to.table) {
     return true;
-  }
-  // Snapshots of remote tables are not built yet (store::RemoteTable::scan): those copies go row by
-  // row through table windows.
-  if (dynamic_cast<const store::LocalTable*>(from.table.get()) == nullptr ||
-      dynamic_cast<const store::LocalTable*>(to.table.get()) == nullptr) {
-    return false;
   }
   Snapshot snapshot = snapshot_rows(*from.table);
   install(*to.table, snapshot);

@@ -498,6 +498,7 @@ void decode(Reader& in, DumpResponse& m) {
 
 void encode(Writer& out, const BeginLoadRequest& m) {
   out.put_string(m.name);
+  out.put<uint64_t>(m.table_id);
   encode(out, m.config);
   out.put<uint64_t>(m.init_stream);
   encode(out, m.optimizer);
@@ -505,6 +506,7 @@ void encode(Writer& out, const BeginLoadRequest& m) {
 }
 void decode(Reader& in, BeginLoadRequest& m) {
   m.name = in.get_string("name", kMaxNameBytes);
+  m.table_id = in.get<uint64_t>("table_id");
   decode(in, m.config);
   m.init_stream = in.get<uint64_t>("init_stream");
   decode(in, m.optimizer);

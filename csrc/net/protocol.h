@@ -26,7 +26,7 @@
 namespace recdev::net {
 
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -284,7 +284,10 @@ struct DumpResponse {
 };
 
 struct BeginLoadRequest {
-  std::string name;  // a named table, created at commit if it does not exist
+  // The target, exactly one of: a named table, created at commit if it does not exist; or an existing
+  // table by id (a named one, or an anonymous one of this session).
+  std::string name;
+  uint64_t table_id = 0;
   store::TableConfig config;
   uint64_t init_stream = 0;
   store::OptimizerConfig optimizer;

@@ -8,6 +8,7 @@
 
 #include "pooled_partial.h"
 #include "remote_checkpoint.h"
+#include "remote_transfer.h"
 #include "store/coalesce.h"
 #include "store/errors.h"
 #include "store/pooled_gradients.h"
@@ -291,17 +292,34 @@ void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64
   update(pooled.ids(), pooled.size(), grads.data());
 }
 
-void RemoteTable::scan(const std::function<void(const store::TableScanHeader&)>&,
-                       const std::function<void(uint64_t, const float*)>&) const {
-  throw StoreError(ErrorCode::InvalidArgument,
-                   "torch.save of " + label() + " is not supported on a remote store yet; checkpoint named tables "
-                   "with torch_recdev.ops.save(path), or save while connected to the embedded store");
+void RemoteTable::scan(const std::function<void(const store::TableScanHeader&)>& on_header,
+                       const std::function<void(uint64_t, const float*)>& on_row) const {
+  RemoteSession::Lease lease(*session_);
+  std::vector<uint64_t> ids;
+  for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
+  dump_table(*session_, lease, ids, label(), on_header, on_row);
 }
 
-void RemoteTable::install(store::RowSet&, const store::InitRule&, uint64_t, const store::OptimizerConfig&, uint64_t) {
-  throw StoreError(ErrorCode::InvalidArgument,
-                   "torch.load into " + label() + " is not supported on a remote store yet; load named tables with "
-                   "torch_recdev.ops.load(path), or load with map_location='cpu'");
+void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
+                          const store::OptimizerConfig& optimizer, uint64_t optimizer_step) {
+  if (rows.record_floats() < dim_) {
+    throw StoreError(ErrorCode::InvalidArgument, "cannot install rows of " + std::to_string(rows.record_floats()) +
+                                                     " floats into " + label() + " of dim " + std::to_string(dim_));
+  }
+  RemoteSession::Lease lease(*session_);
+  std::vector<uint64_t> ids;
+  for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
+  const BeginLoadRequest header{
+      "", 0, store::TableConfig{num_rows_, dim_, rows.record_floats() - dim_, init}, init_stream, optimizer, optimizer_step};
+  TableLoad load(*session_, lease, header, ids, route_key_);
+  try {
+    rows.for_each([&](uint64_t row_id, const float* record) { load.add(row_id, record); });
+    load.flush();
+    commit_loads(*session_, lease, {&load});
+  } catch (...) {
+    abort_loads(*session_, lease, {&load});
+    throw;
+  }
 }
 
 void RemoteTable::update(const uint64_t* ids, size_t n, const float* grads) {

@@ -64,7 +64,8 @@ class RemoteTable final : public store::TableHandle {
                      store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                      int64_t padding_idx, const float* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
-  // Not supported on a remote table yet: StoreError(InvalidArgument) saying what to use instead.
+  // DUMP from every shard (a point-in-time snapshot per shard) / a staged load committed on every
+  // shard (remote_transfer.h).
   void scan(const std::function<void(const store::TableScanHeader&)>& on_header,
             const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
   void install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,

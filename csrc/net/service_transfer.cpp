@@ -62,9 +62,27 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
   return reply(frame, response);
 }
 
+namespace {
+
+std::string label_of(const BeginLoadRequest& header) {
+  return header.name.empty() ? "table " + std::to_string(header.table_id) : "table '" + header.name + "'";
+}
+
+// A load into an existing table must keep its shape: rows already handed out stay valid.
+void check_same_shape(const store::TableConfig& existing, const BeginLoadRequest& header, const char* since) {
+  if (existing.num_rows != header.config.num_rows || existing.dim != header.config.dim) {
+    invalid(label_of(header) + " " + since + " " + store::describe(existing) + "; the load has num_rows " +
+            std::to_string(header.config.num_rows) + " and dim " + std::to_string(header.config.dim));
+  }
+}
+
+}  // namespace
+
 std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& frame) {
   auto request = decode<BeginLoadRequest>(frame);
-  if (request.name.empty()) invalid("BEGIN_LOAD needs the name of a named table");
+  if (request.name.empty() == (request.table_id == 0)) {
+    invalid("BEGIN_LOAD needs exactly one target: the name of a named table, or the id of an existing table");
+  }
   store::validate_table_config(request.config);
   check_dim(request.config);
   store::validate_optimizer(request.optimizer);
@@ -75,14 +93,18 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
             store::describe(request.optimizer) + ", which keeps " +
             std::to_string(store::optimizer_state_floats(request.optimizer.kind, dim)) + " per row");
   }
-  if (const auto existing = store_.find(request.name)) {
-    const store::TableConfig config = store_.table(*existing)->config();
-    if (config.num_rows != request.config.num_rows || config.dim != dim) {
-      invalid("table '" + request.name + "' exists with " + store::describe(config) +
-              "; the load has num_rows " + std::to_string(request.config.num_rows) + " and dim " + std::to_string(dim));
-    }
-  }
   StagedLoad load;
+  if (request.table_id != 0) {
+    const Target target = resolve(session, request.table_id);
+    check_same_shape(target.table->config(), request, "exists with");
+    load.route_key = target.entry.route_key;
+  } else {
+    if (const auto existing = store_.find(request.name)) {
+      check_same_shape(store_.table(*existing)->config(), request, "exists with");
+    }
+    load.route_key = route_key_of_name(request.name);
+  }
+  load.label = label_of(request);
   load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
   load.header = std::move(request);
   load.bytes = kNewTableBytes;
@@ -109,15 +131,14 @@ std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& fram
     invalid("records hold " + std::to_string(request.records.size()) + " floats; " + std::to_string(n) +
             " rows of " + std::to_string(record_floats) + " floats need " + std::to_string(n * record_floats));
   }
-  const uint64_t route_key = route_key_of_name(load.header.name);
   for (size_t i = 0; i < n; ++i) {
     if (request.ids[i] >= config.num_rows) {
       throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(request.ids[i]) + " is out of range [0, " +
-                                                  std::to_string(config.num_rows) + ") of table '" + load.header.name + "'");
+                                                  std::to_string(config.num_rows) + ") of " + load.label);
     }
-    const uint32_t owner = owner_shard(route_key, request.ids[i], options_.num_shards);
+    const uint32_t owner = owner_shard(load.route_key, request.ids[i], options_.num_shards);
     if (owner != options_.shard) {
-      invalid("row id " + std::to_string(request.ids[i]) + " of table '" + load.header.name + "' belongs to shard " +
+      invalid("row id " + std::to_string(request.ids[i]) + " of " + load.label + " belongs to shard " +
               std::to_string(owner) + ", not to shard " + std::to_string(options_.shard));
     }
   }
@@ -142,6 +163,7 @@ std::vector<uint8_t> ShardService::commit_load(Session& session, const Frame& fr
   std::lock_guard<std::mutex> lock(session.mutex);
   // Everything that can be checked is checked for every load before any table changes.
   std::vector<std::map<uint64_t, StagedLoad>::iterator> loads;
+  std::vector<std::shared_ptr<store::Table>> targets;  // null: a named table to create
   for (const uint64_t load_id : request.load_ids) {
     const auto found = session.loads.find(load_id);
     if (found == session.loads.end()) {
@@ -151,24 +173,28 @@ std::vector<uint8_t> ShardService::commit_load(Session& session, const Frame& fr
       invalid("load " + std::to_string(load_id) + " is listed twice");
     }
     const BeginLoadRequest& header = found->second.header;
-    if (const auto existing = store_.find(header.name)) {
-      const store::TableConfig config = store_.table(*existing)->config();
-      if (config.num_rows != header.config.num_rows || config.dim != header.config.dim) {
-        invalid("table '" + header.name + "' changed to " + store::describe(config) + " since BEGIN_LOAD");
-      }
+    std::shared_ptr<store::Table> target;
+    if (header.table_id != 0) {
+      target = resolve(session, header.table_id).table;  // NotFound if it was freed since BEGIN_LOAD
+    } else if (const auto existing = store_.find(header.name)) {
+      target = store_.table(*existing);
     }
+    if (target) check_same_shape(target->config(), header, "changed to");
     loads.push_back(found);
+    targets.push_back(std::move(target));
   }
   CommitLoadResponse response;
-  for (const auto& found : loads) {
-    StagedLoad& load = found->second;
+  for (size_t k = 0; k < loads.size(); ++k) {
+    StagedLoad& load = loads[k]->second;
     const BeginLoadRequest& header = load.header;
-    const std::optional<uint64_t> existing = store_.find(header.name);
-    const uint64_t table_id = existing ? *existing : store_.create_named_table(header.name, header.config);
-    register_table(table_id, TableEntry{route_key_of_name(header.name), 0, header.name});
-    store_.table(table_id)->install(*load.rows, header.config.init, header.init_stream, header.optimizer,
-                                    header.optimizer_step);
-    response.table_ids.push_back(table_id);
+    std::shared_ptr<store::Table> target = targets[k];
+    if (!target) {
+      const uint64_t table_id = store_.create_named_table(header.name, header.config);
+      register_table(table_id, TableEntry{load.route_key, 0, header.name});
+      target = store_.table(table_id);
+    }
+    target->install(*load.rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
+    response.table_ids.push_back(target->id());
   }
   for (const auto& found : loads) {
     staged_bytes_.fetch_sub(found->second.bytes);

@@ -23,6 +23,8 @@ namespace recdev::net {
 // Rows of a checkpoint being loaded (BEGIN_LOAD ... COMMIT_LOAD), off to the side of the store.
 struct StagedLoad {
   BeginLoadRequest header;
+  uint64_t route_key = 0;  // of the target table: which rows this shard may take
+  std::string label;       // the target, for errors
   std::unique_ptr<store::RowSet> rows;
   uint64_t row_count = 0;
   uint64_t bytes = 0;  // estimated memory held, counted against --max-memory

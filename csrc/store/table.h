@@ -100,6 +100,11 @@ class RowSet {
   uint32_t record_floats() const { return record_floats_; }
   // Adds a row with its whole record (weight and state). Returns false if the row is already there.
   bool insert(uint64_t row_id, const float* record);
+  // fn(row_id, record) for every row, in no particular order.
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    for (const RowIndex& shard : shards_) shard.for_each(fn);
+  }
 
  private:
   friend class Table;

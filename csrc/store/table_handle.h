@@ -57,7 +57,6 @@ class TableHandle {
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
 
   // Whole-table snapshots, for torch.save / torch.load of a table (csrc/device/table_serialization.cpp).
-  // A remote table refuses both with StoreError(InvalidArgument) for now (docs/remote.md).
   virtual void scan(const std::function<void(const TableScanHeader&)>& on_header,
                     const std::function<void(uint64_t row_id, const float* record)>& on_row) const = 0;
   virtual void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,

@@ -54,8 +54,10 @@ def test_server_without_token_ignores_it(server):
 
 
 def test_wrong_version(server):
-    name, message = refused(server, wire.MAGIC + wire.u16(2) + b"whatever follows in version 2")
-    assert name == "Protocol" and "version 2 is not supported" in message and "speaks version 1" in message
+    newer = wire.VERSION + 1
+    name, message = refused(server, wire.MAGIC + wire.u16(newer) + b"whatever follows in a newer version")
+    assert name == "Protocol" and f"version {newer} is not supported" in message
+    assert f"speaks version {wire.VERSION}" in message
 
 
 def test_wrong_magic(server):

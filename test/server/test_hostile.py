@@ -159,7 +159,7 @@ def test_wrong_version_mid_stream_and_hello_garbage(server, populated):
     rng = random.Random(1234)
     for _ in range(20):
         with server.connect(handshake=False) as c:
-            c.send_raw(frame("HELLO", wire.MAGIC + struct.pack("<H", rng.randrange(2, 65536))
+            c.send_raw(frame("HELLO", wire.MAGIC + struct.pack("<H", rng.choice([0, wire.VERSION - 1, rng.randrange(wire.VERSION + 1, 65536)]))
                              + bytes(rng.randrange(256) for _ in range(rng.randrange(40)))))
             code, message, _, _ = c.read_error()
             assert wire.ERROR_NAMES[code] == "Protocol"

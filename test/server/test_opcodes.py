@@ -27,7 +27,7 @@ def expect_error(conn, name, opcode, payload=b"", contains=None):
 
 
 def test_ping_and_welcome(server, conn):
-    assert conn.welcome["version"] == 1
+    assert conn.welcome["version"] == wire.VERSION
     assert (conn.welcome["shard"], conn.welcome["num_shards"]) == (0, 1)
     assert conn.welcome["session_id"] != 0
     assert conn.welcome["lease_seconds"] == 1.0
@@ -236,7 +236,7 @@ def test_dump_and_staged_load(conn, server):
 
     # Load the dump into a new named table, then into the same one over changed rows.
     desc = header["table"]
-    begin = (string(name) + config(10**9, DIM, 2 * DIM, init_rule("normal", 0.0, 0.1, seed=9)) + u64(desc["init_stream"])
+    begin = (string(name) + u64(0) + config(10**9, DIM, 2 * DIM, init_rule("normal", 0.0, 0.1, seed=9)) + u64(desc["init_stream"])
              + optimizer("adam", lr=0.01) + u64(7))
     conn.write(table, [5], np.zeros((1, DIM)))
     load = wire.Reader(conn.call("BEGIN_LOAD", begin)).u64()
@@ -251,9 +251,9 @@ def test_dump_and_staged_load(conn, server):
     assert header2["table"]["optimizer_step"] == 7
 
     # Errors: nothing is installed.
-    bad_state = string(name) + config(10**9, DIM, 3, init_rule()) + u64(0) + optimizer("adam") + u64(0)
+    bad_state = string(name) + u64(0) + config(10**9, DIM, 3, init_rule()) + u64(0) + optimizer("adam") + u64(0)
     expect_error(conn, "InvalidArgument", "BEGIN_LOAD", bad_state, "state_floats")
-    wrong_shape = string(name) + config(10, DIM, 0) + u64(0) + optimizer() + u64(0)
+    wrong_shape = string(name) + u64(0) + config(10, DIM, 0) + u64(0) + optimizer() + u64(0)
     expect_error(conn, "InvalidArgument", "BEGIN_LOAD", wrong_shape, "exists")
     load = wire.Reader(conn.call("BEGIN_LOAD", begin)).u64()
     expect_error(conn, "InvalidArgument", "LOAD_ROWS", u64(load) + array([1], np.uint64) + array(np.zeros(DIM), np.float32))
@@ -272,6 +272,39 @@ def test_dump_and_staged_load(conn, server):
         expect_error(other, "NotFound", "COMMIT_LOAD", array([load], np.uint64))
     ids3, records3, _ = conn.dump_all(table)
     np.testing.assert_array_equal(records3[np.argsort(ids3)], records[order])
+
+
+def test_staged_load_into_an_existing_table_by_id(conn, server):
+    # What torch.load of a table on a remote store does: install rows into an anonymous table of
+    # this session, found by its id, keeping its routing key.
+    table = conn.create_table(1000, DIM, route_key=7, init=init_rule("constant", 0.5))
+    conn.write(table, [3], np.full((1, DIM), 9.0))
+
+    def begin(name="", table_id=0, num_rows=1000, dim=DIM):
+        return (string(name) + u64(table_id) + config(num_rows, dim, 0, init_rule("constant", 2.0)) + u64(0)
+                + optimizer() + u64(4))
+
+    load = wire.Reader(conn.call("BEGIN_LOAD", begin(table_id=table))).u64()
+    conn.call("LOAD_ROWS", u64(load) + array([8, 1], np.uint64) + array(np.arange(2 * DIM), np.float32))
+    assert conn.gather(table, [3]).tolist() == [9.0] * DIM  # nothing changes before the commit
+    r = wire.Reader(conn.call("COMMIT_LOAD", array([load], np.uint64)))
+    assert r.array(np.uint64).tolist() == [table]
+    ids, records, header = conn.dump_all(table)
+    assert sorted(ids.tolist()) == [1, 8] and header["table"]["optimizer_step"] == 4
+    np.testing.assert_array_equal(conn.gather(table, [8, 1, 3]).reshape(3, DIM),
+                                  np.concatenate([np.arange(2 * DIM).reshape(2, DIM), np.full((1, DIM), 2.0)]))
+
+    expect_error(conn, "InvalidArgument", "BEGIN_LOAD", begin(), "exactly one target")
+    expect_error(conn, "InvalidArgument", "BEGIN_LOAD", begin(name="opcodes.both", table_id=table), "exactly one target")
+    expect_error(conn, "InvalidArgument", "BEGIN_LOAD", begin(table_id=table, num_rows=999), "exists with")
+    expect_error(conn, "NotFound", "BEGIN_LOAD", begin(table_id=987654321))
+    with server.connect() as other:  # another session's anonymous table is not there for it
+        expect_error(other, "NotFound", "BEGIN_LOAD", begin(table_id=table))
+    # A table freed between BEGIN_LOAD and COMMIT_LOAD: the commit changes nothing.
+    doomed = conn.create_table(1000, DIM)
+    load = wire.Reader(conn.call("BEGIN_LOAD", begin(table_id=doomed))).u64()
+    conn.call("FREE_TABLE", u64(doomed))
+    expect_error(conn, "NotFound", "COMMIT_LOAD", array([load], np.uint64))
 
 
 def test_stats(conn):

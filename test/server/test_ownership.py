@@ -100,7 +100,7 @@ def test_named_tables_route_by_name(shard1):
         c.write(table, mine, np.ones((20, 2)))
         with pytest.raises(ServerError):
             c.write(table, foreign, np.ones((1, 2)))
-        load = wire.Reader(c.call("BEGIN_LOAD", string(name) + config(10**6, 2) + u64(0) + optimizer() + u64(0))).u64()
+        load = wire.Reader(c.call("BEGIN_LOAD", string(name) + u64(0) + config(10**6, 2) + u64(0) + optimizer() + u64(0))).u64()
         with pytest.raises(ServerError) as info:
             c.call("LOAD_ROWS", u64(load) + array(foreign, np.uint64) + array(np.zeros(2), np.float32))
         assert "belongs to shard 0" in info.value.message

@@ -15,14 +15,6 @@ HUGE_ROWS = 10**10
 
 
 @pytest.fixture
-def embedded_only(store_backend):
-    """For what the remote store does not do yet: torch.save / torch.load of a table, and lazy
-    table-to-table copies (docs/remote.md, "Limits"; test_state_dict.py pins the remote error)."""
-    if store_backend != "embedded":
-        pytest.skip("torch.save / torch.load and lazy whole-table copies of remote tables are not built yet")
-
-
-@pytest.fixture
 def to_placement():
     """to_placement(cpu_tensor, "host" | "table") -> a recdev copy of it in that kind of storage."""
 

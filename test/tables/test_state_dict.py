@@ -15,11 +15,6 @@ from torch_recdev import set_max_fallback_bytes, table_stats
 
 HUGE_ROWS = 10**10
 
-# The embedded store only for now (embedded_only in conftest.py); test/remote/test_remote_serialization.py
-# pins what the remote store says instead.
-pytestmark = pytest.mark.usefixtures("embedded_only")
-
-
 def _save(obj, path=None):
     buffer = io.BytesIO() if path is None else path
     torch.save(obj, buffer)
@@ -137,8 +132,17 @@ def _train(model, opt, gen, steps):
     return losses
 
 
+def _assert_resumed(losses, reference, store_backend):
+    # Embedded: bit-exact. On shards, a table loaded into another table routes its rows by that
+    # table's key, so pooled sums add in another order (docs/remote.md): equal to float rounding.
+    if store_backend == "embedded":
+        assert losses == reference
+    else:
+        assert losses == pytest.approx(reference, rel=1e-6)
+
+
 @pytest.mark.parametrize("fused", [torch_recdev.optim.Adagrad, torch_recdev.optim.Adam, torch_recdev.optim.RowWiseAdagrad])
-def test_training_resumes_exactly_with_fused_optimizer_state(tmp_path, fused):
+def test_training_resumes_exactly_with_fused_optimizer_state(tmp_path, fused, store_backend):
     torch.manual_seed(0)
     model = Bag()
     emb_opt = fused([model.bag.weight], lr=0.05)
@@ -164,12 +168,13 @@ def test_training_resumes_exactly_with_fused_optimizer_state(tmp_path, fused):
     resumed.load_state_dict(ckpt["model"])
     emb_opt.load_state_dict(ckpt["emb_opt"])
     head_opt.load_state_dict(ckpt["head_opt"])
-    assert _train(resumed, Both(), torch.Generator().manual_seed(2), 3) == reference
+    _assert_resumed(_train(resumed, Both(), torch.Generator().manual_seed(2), 3), reference, store_backend)
     probe = torch.randint(0, 1000, (50,), generator=torch.Generator().manual_seed(2)) * 9_999_991
-    assert torch.equal(_touch(resumed.bag.weight, probe), _touch(model.bag.weight, probe))
+    rows, expected = _touch(resumed.bag.weight, probe), _touch(model.bag.weight, probe)
+    assert torch.equal(rows, expected) if store_backend == "embedded" else torch.allclose(rows, expected, rtol=1e-5)
 
 
-def test_optimizer_created_after_load_keeps_the_row_state(tmp_path):
+def test_optimizer_created_after_load_keeps_the_row_state(tmp_path, store_backend):
     torch.manual_seed(0)
     model = Bag()
     opt = torch_recdev.optim.Adagrad([model.bag.weight], lr=0.05)
@@ -181,7 +186,7 @@ def test_optimizer_created_after_load_keeps_the_row_state(tmp_path):
     resumed.load_state_dict(state["model"])
     opt = torch_recdev.optim.Adagrad([resumed.bag.weight], lr=0.05)
     opt.load_state_dict(state["opt"])
-    assert _train(resumed, opt, torch.Generator().manual_seed(2), 2) == reference
+    _assert_resumed(_train(resumed, opt, torch.Generator().manual_seed(2), 2), reference, store_backend)
 
 
 def test_a_file_of_another_shape_is_refused_and_nothing_loads():

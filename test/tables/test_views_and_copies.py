@@ -303,7 +303,6 @@ def test_cpu_of_huge_table_refuses_before_allocating(huge_table):
     assert table_stats(w)["rows"] == 0
 
 
-@pytest.mark.usefixtures("embedded_only")
 def test_clone_of_huge_table_copies_the_table_not_its_rows(huge_table):
     # table to table moves nothing to the CPU: the clone gets the init rule and the rows touched
     w = huge_table(128)
@@ -316,7 +315,6 @@ def test_clone_of_huge_table_copies_the_table_not_its_rows(huge_table):
     assert torch.equal(F.embedding(probe, clone).cpu(), F.embedding(probe, w).cpu())
 
 
-@pytest.mark.usefixtures("embedded_only")
 def test_torch_save_of_huge_table_writes_its_rule_not_its_rows(huge_table):
     # a table pickles as its init rule plus its materialized rows (docs/tables.md, "Saving and
     # loading"), never through UntypedStorage.cpu(), which would allocate 5 TB on the CPU
@@ -329,7 +327,6 @@ def test_torch_save_of_huge_table_writes_its_rule_not_its_rows(huge_table):
     assert table_stats(w)["rows"] == 0
 
 
-@pytest.mark.usefixtures("embedded_only")
 def test_torch_save_of_small_table_roundtrips(small):
     w, ref = small
     buffer = io.BytesIO()

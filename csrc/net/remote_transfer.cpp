@@ -1,0 +1,140 @@
+#include "remote_transfer.h"
+
+#include <algorithm>
+
+#include "store/errors.h"
+
+namespace recdev::net {
+
+using store::ErrorCode;
+using store::StoreError;
+
+namespace {
+
+// Rows per DUMP or LOAD_ROWS frame, for records of `record_floats` floats: half a frame, so that a
+// frame's encoding stays well within kMaxPayloadBytes.
+uint32_t rows_per_frame(uint32_t record_floats) {
+  const size_t row_bytes = sizeof(uint64_t) + size_t{record_floats} * sizeof(float);
+  return uint32_t(std::clamp<size_t>((kMaxPayloadBytes / 2) / row_bytes, 1, UINT32_MAX));
+}
+
+}  // namespace
+
+void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<uint64_t>& shard_table_ids,
+                const std::string& label, const std::function<void(const store::TableScanHeader&)>& on_header,
+                const std::function<void(uint64_t, const float*)>& on_row) {
+  const size_t shards = shard_table_ids.size();
+  // The first batch from every shard at once: it takes each shard's snapshot and tells its row count,
+  // which the header needs before any row.
+  std::vector<Call> calls;
+  for (size_t shard = 0; shard < shards; ++shard) {
+    calls.push_back(make_call(shard, Opcode::Dump, DumpRequest{shard_table_ids[shard], 0, 1024}));
+  }
+  session.exchange(lease, calls);
+  std::vector<DumpResponse> parts;
+  for (const Call& call : calls) parts.push_back(answer_of<DumpResponse>(call));
+  store::TableScanHeader header{parts[0].table.config, parts[0].table.init_stream, parts[0].table.optimizer, 0, 0};
+  for (size_t shard = 0; shard < shards; ++shard) {
+    const DumpResponse& part = parts[shard];
+    if (part.record_floats != parts[0].record_floats ||
+        part.table.config.state_floats != parts[0].table.config.state_floats) {
+      throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + label +
+                                                " with records of another width than shard 0's");
+    }
+    // Every update reaches every shard, so their steps agree but for an update in flight.
+    header.optimizer_step = std::max(header.optimizer_step, part.table.optimizer_step);
+    header.row_count += part.total_rows;
+  }
+  on_header(header);
+  for (size_t shard = 0; shard < shards; ++shard) {
+    DumpResponse& part = parts[shard];
+    uint64_t received = 0;
+    while (true) {
+      if (part.records.size() != part.ids.size() * size_t{part.record_floats} ||
+          part.record_floats != parts[0].record_floats) {
+        throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent a DUMP of " + label +
+                                                  " whose records do not match its ids");
+      }
+      for (size_t k = 0; k < part.ids.size(); ++k) on_row(part.ids[k], part.records.data() + k * part.record_floats);
+      received += part.ids.size();
+      if (part.done) break;
+      part = session.call<DumpResponse>(
+          lease, shard, Opcode::Dump, DumpRequest{shard_table_ids[shard], part.snapshot_id, rows_per_frame(part.record_floats)});
+    }
+    if (received != parts[shard].total_rows) {
+      throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + std::to_string(received) + " rows of " +
+                                                label + " after announcing " + std::to_string(parts[shard].total_rows));
+    }
+  }
+}
+
+TableLoad::TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,
+                     const std::vector<uint64_t>& shard_table_ids, uint64_t route_key)
+    : session_(session),
+      lease_(lease),
+      route_key_(route_key),
+      record_floats_(header.config.dim + header.config.state_floats),
+      batch_rows_(rows_per_frame(record_floats_)),
+      batches_(session.num_shards()) {
+  // One shard at a time, so that a failure knows exactly which loads to drop.
+  try {
+    for (size_t shard = 0; shard < session.num_shards(); ++shard) {
+      BeginLoadRequest request = header;
+      if (!shard_table_ids.empty()) request.table_id = shard_table_ids[shard];
+      load_ids_.push_back(session.call<LoadIdResponse>(lease, shard, Opcode::BeginLoad, request).load_id);
+      batches_[shard].load_id = load_ids_.back();
+    }
+  } catch (...) {
+    abort_loads(session, lease, {this});
+    throw;
+  }
+}
+
+void TableLoad::add(uint64_t row_id, const float* record) {
+  const size_t shard = owner_shard(route_key_, row_id, uint32_t(batches_.size()));
+  LoadRowsRequest& batch = batches_[shard];
+  batch.ids.push_back(row_id);
+  batch.records.insert(batch.records.end(), record, record + record_floats_);
+  if (batch.ids.size() < batch_rows_) return;
+  session_.call<Empty>(lease_, shard, Opcode::LoadRows, batch);
+  batch.ids.clear();
+  batch.records.clear();
+}
+
+void TableLoad::flush() {
+  std::vector<Call> calls;
+  for (size_t shard = 0; shard < batches_.size(); ++shard) {
+    if (!batches_[shard].ids.empty()) calls.push_back(make_call(shard, Opcode::LoadRows, batches_[shard]));
+  }
+  session_.exchange(lease_, calls);
+  for (LoadRowsRequest& batch : batches_) {
+    batch.ids.clear();
+    batch.records.clear();
+  }
+}
+
+void commit_loads(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<const TableLoad*>& loads) {
+  std::vector<Call> commits;
+  for (size_t shard = 0; shard < session.num_shards(); ++shard) {
+    CommitLoadRequest request;
+    for (const TableLoad* load : loads) request.load_ids.push_back(load->load_ids()[shard]);
+    commits.push_back(make_call(shard, Opcode::CommitLoad, request));
+  }
+  session.exchange(lease, commits);
+}
+
+void abort_loads(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<const TableLoad*>& loads) noexcept {
+  try {
+    std::vector<Call> aborts;
+    for (const TableLoad* load : loads) {
+      for (size_t shard = 0; shard < load->load_ids().size(); ++shard) {
+        aborts.push_back(make_call(shard, Opcode::AbortLoad, LoadRequest{load->load_ids()[shard]}));
+      }
+    }
+    session.exchange(lease, aborts);
+  } catch (...) {
+    // The staging belongs to this session: the server frees it when the session lapses.
+  }
+}
+
+}  // namespace recdev::net
