@@ -32,7 +32,11 @@ setup(
             name="torch_recdev._C",
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args=["-O2", "-g0", "-Wall", "-Wno-unused-parameter"],
+            # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled
+            # into this extension; without the flag every parallel_for here runs on one thread. The
+            # libgomp it links is the one torch ships and has already loaded (same soname).
+            extra_compile_args=["-O2", "-g0", "-Wall", "-Wno-unused-parameter", "-fopenmp"],
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -321,7 +321,8 @@ bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_
     locks[s] = std::shared_lock<std::shared_mutex>(shard.mutex);
     bool complete = true;
     for_each_prefetched(
-        shard.rows, end - begin, 0, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
+        shard.rows, end - begin, size_t{dim_} * sizeof(float), [&](size_t k) { return route.hash(begin + k); },
+        [](size_t) {},
         [&](size_t k) {
           const size_t position = route.position(begin + k);
           rows[position] = shard.rows.find(block_ids[position], route.hash(begin + k));
