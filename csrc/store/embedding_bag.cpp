@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "errors.h"
@@ -32,34 +33,15 @@ void add_row(float* out, const float* row, uint32_t dim, Scale scale) {
   for (; d < dim; ++d) out[d] += scale(row[d]);
 }
 
-// The rows pool_bags takes, in order, each prefetched kAhead rows before its turn: in-place rows
-// sit anywhere in the table.
-class RowStream {
- public:
-  RowStream(const float* const* rows, size_t count, uint32_t dim)
-      : rows_(rows), count_(count), row_bytes_(size_t{dim} * sizeof(float)) {
-    for (size_t k = 0; k < std::min(count, kAhead); ++k) prefetch_range(rows_[k], row_bytes_);
-  }
-  const float* take() {
-    if (next_ + kAhead < count_) prefetch_range(rows_[next_ + kAhead], row_bytes_);
-    return rows_[next_++];
-  }
-
- private:
-  static constexpr size_t kAhead = 8;
-  const float* const* rows_;
-  size_t count_;
-  size_t row_bytes_;
-  size_t next_ = 0;
-};
-
 // Adds every non-skipped row of a bag into out, scaled by its per-sample weight when there is one,
-// and returns how many rows it took.
-size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowStream& rows, uint32_t dim, float* out) {
+// and returns how many rows it took, or nullopt when `rows` ran out.
+std::optional<size_t> sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows, uint32_t dim,
+                              float* out) {
   size_t count = 0;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const float* row = rows.take();
+    const float* row = rows.next();
+    if (row == nullptr) return std::nullopt;
     if (bag.per_sample_weights != nullptr) {
       const float weight = bag.per_sample_weights[position];
       add_row(out, row, dim, [weight](float value) { return weight * value; });
@@ -71,12 +53,13 @@ size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowStream& row
   return count;
 }
 
-void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowStream& rows, uint32_t dim, float* out,
+bool max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows, uint32_t dim, float* out,
              int64_t* max_positions) {
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const float* row = rows.take();
+    const float* row = rows.next();
+    if (row == nullptr) return false;
     for (uint32_t d = 0; d < dim; ++d) {
       if (first || row[d] > out[d]) {
         out[d] = row[d];
@@ -85,9 +68,21 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowStream& rows,
     }
     first = false;
   }
+  return true;
 }
 
 }  // namespace
+
+RowPointers::RowPointers(const float* const* rows, size_t count, uint32_t dim)
+    : rows_(rows), count_(count), row_bytes_(size_t{dim} * sizeof(float)) {
+  for (size_t k = 0; k < std::min(count, kAhead); ++k) prefetch_range(rows_[k], row_bytes_);
+}
+
+const float* RowPointers::next() {
+  if (next_ == count_) return nullptr;
+  if (next_ + kAhead < count_) prefetch_range(rows_[next_ + kAhead], row_bytes_);
+  return rows_[next_++];
+}
 
 void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   const size_t num_offsets = bag.num_bags + (bag.include_last_offset ? 1 : 0);
@@ -115,9 +110,8 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   }
 }
 
-void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const float* const* row_pointers,
-               size_t num_rows, uint32_t dim, float* out, int64_t* max_positions) {
-  RowStream rows(row_pointers, num_rows, dim);
+bool pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowSource& rows, uint32_t dim, float* out,
+               int64_t* max_positions) {
   for (size_t b = first_bag; b < end_bag; ++b) {
     float* bag_out = out + b * dim;
     int64_t* bag_positions = max_positions != nullptr ? max_positions + b * dim : nullptr;
@@ -125,20 +119,17 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const 
     if (bag_positions != nullptr) std::fill(bag_positions, bag_positions + dim, int64_t{-1});
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
-    switch (bag.mode) {
-      case PoolingMode::Sum:
-        sum_bag(bag, begin, end, rows, dim, bag_out);
-        break;
-      case PoolingMode::Mean:
-        if (const size_t count = sum_bag(bag, begin, end, rows, dim, bag_out)) {
-          for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
-        }
-        break;
-      case PoolingMode::Max:
-        max_bag(bag, begin, end, rows, dim, bag_out, bag_positions);
-        break;
+    if (bag.mode == PoolingMode::Max) {
+      if (!max_bag(bag, begin, end, rows, dim, bag_out, bag_positions)) return false;
+      continue;
+    }
+    const std::optional<size_t> count = sum_bag(bag, begin, end, rows, dim, bag_out);
+    if (!count) return false;
+    if (bag.mode == PoolingMode::Mean && *count > 0) {
+      for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(*count);
     }
   }
+  return true;
 }
 
 }  // namespace recdev::store

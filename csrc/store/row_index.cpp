@@ -11,14 +11,10 @@ namespace recdev::store {
 namespace {
 
 constexpr size_t kMinCapacity = 16;
-// Tags are 32 bits and double as home buckets (see the header), so a sub-shard has at most 2^32
-// buckets, i.e. about 3.4e9 rows at the maximum load factor.
+// About 3.4e9 rows per sub-shard at the maximum load factor.
 constexpr size_t kMaxCapacity = size_t{1} << 32;
 
-size_t record_bytes_for(uint32_t record_floats) {
-  const size_t bytes = sizeof(uint64_t) + size_t{record_floats} * sizeof(float);
-  return (bytes + 7) & ~size_t{7};
-}
+size_t record_bytes_for(uint32_t record_floats) { return std::max<size_t>(1, record_floats) * sizeof(float); }
 
 // Load factor <= 0.8.
 bool over_max_load(size_t rows, size_t capacity) { return rows * 5 > capacity * 4; }
@@ -27,40 +23,42 @@ size_t next_power_of_two(size_t value) { return value <= 1 ? 1 : size_t{1} << (6
 
 }  // namespace
 
-RowIndex::RowIndex(uint32_t record_floats) : arena_(record_bytes_for(record_floats)) {}
+RowIndex::RowIndex(uint32_t record_floats) : arena_(record_bytes_for(record_floats)), ids_(sizeof(uint64_t)) {}
 
-void RowIndex::insert_entry(uint64_t entry) {
-  size_t bucket = (entry >> 32) & mask_;
-  while (entries_[bucket] != kEmpty) bucket = (bucket + 1) & mask_;
-  entries_[bucket] = entry;
+void RowIndex::insert_bucket(const Bucket& entry) {
+  size_t bucket = entry.hash & mask_;
+  while (buckets_[bucket].slot != kNoSlot) bucket = (bucket + 1) & mask_;
+  buckets_[bucket] = entry;
 }
 
 void RowIndex::rehash(size_t new_capacity) {
-  std::unique_ptr<uint64_t[]> old_entries = std::move(entries_);
+  std::unique_ptr<Bucket[]> old_buckets = std::move(buckets_);
   const size_t old_capacity = capacity_;
   try {
-    entries_.reset(new uint64_t[new_capacity]);
+    buckets_.reset(new Bucket[new_capacity]);
   } catch (...) {
-    entries_ = std::move(old_entries);
+    buckets_ = std::move(old_buckets);
     throw;
   }
-  std::fill(entries_.get(), entries_.get() + new_capacity, kEmpty);
+  std::fill(buckets_.get(), buckets_.get() + new_capacity, Bucket{0, kNoSlot});
   capacity_ = new_capacity;
   mask_ = new_capacity - 1;
   for (size_t bucket = 0; bucket < old_capacity; ++bucket) {
-    if (old_entries[bucket] != kEmpty) insert_entry(old_entries[bucket]);
+    if (old_buckets[bucket].slot != kNoSlot) insert_bucket(old_buckets[bucket]);
   }
 }
 
 RowIndex::RowIndex(RowIndex&& other) noexcept
     : arena_(std::move(other.arena_)),
-      entries_(std::move(other.entries_)),
+      ids_(std::move(other.ids_)),
+      buckets_(std::move(other.buckets_)),
       capacity_(std::exchange(other.capacity_, 0)),
       mask_(std::exchange(other.mask_, 0)) {}
 
 RowIndex& RowIndex::operator=(RowIndex&& other) noexcept {
   arena_ = std::move(other.arena_);
-  entries_ = std::move(other.entries_);
+  ids_ = std::move(other.ids_);
+  buckets_ = std::move(other.buckets_);
   capacity_ = std::exchange(other.capacity_, 0);
   mask_ = std::exchange(other.mask_, 0);
   return *this;
@@ -85,49 +83,56 @@ std::pair<float*, bool> RowIndex::find_or_insert(uint64_t row_id, uint64_t hash)
   size_t slot;
   try {
     slot = arena_.push_back();
+    try {
+      ids_.push_back();
+    } catch (...) {
+      arena_.pop_back();
+      throw;
+    }
   } catch (const std::bad_alloc&) {
     throw StoreError(ErrorCode::Full, "out of memory allocating rows (" + std::to_string(arena_.size()) +
                                           " rows held in this sub-shard)");
   }
-  std::byte* record = arena_.record(slot);
-  std::memcpy(record, &row_id, sizeof(row_id));
-  insert_entry((uint64_t{uint32_t(hash)} << 32) | slot);
-  return {floats_of(record), true};
+  std::memcpy(ids_.record(slot), &row_id, sizeof(row_id));
+  insert_bucket(Bucket{hash, slot});
+  return {floats_at(slot), true};
 }
 
 bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
-  const Location found = locate(row_id, hash);
-  if (found.record == nullptr) return false;
-  const size_t slot = uint32_t(entries_[found.bucket]);
+  const Location found = locate(hash);
+  if (found.slot == kNoSlot) return false;
+  const size_t slot = found.slot;
 
   // Backward-shift deletion: walk the cluster after the hole and move back every entry whose home
   // bucket is not cyclically within (hole, bucket], so no lookup ever meets a gap before its entry.
   size_t hole = found.bucket;
   for (size_t bucket = (hole + 1) & mask_;; bucket = (bucket + 1) & mask_) {
-    const uint64_t entry = entries_[bucket];
-    if (entry == kEmpty) break;
-    const size_t home = (entry >> 32) & mask_;
+    const Bucket entry = buckets_[bucket];
+    if (entry.slot == kNoSlot) break;
+    const size_t home = entry.hash & mask_;
     const bool home_in_range = hole <= bucket ? (hole < home && home <= bucket) : (hole < home || home <= bucket);
     if (!home_in_range) {
-      entries_[hole] = entry;
+      buckets_[hole] = entry;
       hole = bucket;
     }
   }
-  entries_[hole] = kEmpty;
+  buckets_[hole].slot = kNoSlot;
 
-  // Keep the arena dense: the last record moves into the freed slot and its entry is repointed.
+  // Keep the arenas dense: the last record moves into the freed slot and its bucket is repointed.
   const size_t last = arena_.size() - 1;
   if (slot != last) {
-    const std::byte* moved = arena_.record(last);
-    std::memcpy(arena_.record(slot), moved, arena_.record_bytes());
-    for (size_t bucket = hash_row_id(id_of(moved)) & mask_;; bucket = (bucket + 1) & mask_) {
-      if (entries_[bucket] != kEmpty && uint32_t(entries_[bucket]) == last) {
-        entries_[bucket] = (entries_[bucket] & ~uint64_t{0xFFFFFFFF}) | slot;
+    std::memcpy(arena_.record(slot), arena_.record(last), arena_.record_bytes());
+    const uint64_t moved_id = id_at(last);
+    std::memcpy(ids_.record(slot), &moved_id, sizeof(moved_id));
+    for (size_t bucket = hash_row_id(moved_id) & mask_;; bucket = (bucket + 1) & mask_) {
+      if (buckets_[bucket].slot == last) {
+        buckets_[bucket].slot = slot;
         break;
       }
     }
   }
   arena_.pop_back();
+  ids_.pop_back();
 
   if (arena_.size() == 0) {
     clear();
@@ -143,7 +148,8 @@ bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
 
 void RowIndex::clear() {
   arena_.clear();
-  entries_.reset();
+  ids_.clear();
+  buckets_.reset();
   capacity_ = 0;
   mask_ = 0;
 }

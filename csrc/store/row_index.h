@@ -1,19 +1,19 @@
 // RowIndex: the materialized rows of one sub-shard — an open-addressing hash index from row id to a
 // record in a SlabArena.
 //
-// Record layout in the arena: [uint64 row id | record_floats floats (weight, then optimizer state) |
-// padding to 8 bytes]. Keeping the id in the record lets the index store only 8 bytes per entry:
+// A bucket holds a row's full 64-bit hash and its arena slot (16 bytes, four to a cache line).
+// hash_row_id is a bijection, so equal hashes mean equal ids: a lookup reads bucket lines only, never
+// a record, and a record is nothing but its floats (weight, then optimizer state). A row of dim 128
+// is then 512 bytes in whole cache lines, which a batch loop fetches after one bucket miss, with no
+// second, dependent miss on the record to compare ids. Each slot's row id is also kept in a second
+// arena (8-byte records, in slot order) for for_each and for deletion, which moves the last record
+// into the freed slot and must find that record's bucket.
 //
-//   entry = (tag << 32) | slot,   tag = the low 32 bits of the row id's hash, slot = arena slot
+// Linear probing at a load factor of at most 0.8 keeps probes within one or two cache lines; deletion
+// shifts later entries back (no tombstones), and the last record moves into the freed slot, so the
+// arenas stay dense and memory follows the row count down as well as up.
 //
-// A lookup compares tags first and reads the record's id only on a tag match — the record is about
-// to be read anyway. The home bucket is (hash & mask), which the tag also holds as long as the table
-// has at most 2^32 buckets; that lets deletion and rehashing run on entries alone, without touching
-// records. Linear probing at a load factor of at most 0.8 keeps probes within one or two cache lines;
-// deletion shifts later entries back (no tombstones), and the last record moves into the freed slot,
-// so the arena stays dense and memory follows the row count down as well as up.
-//
-// Memory: 8 bytes of id per record plus 10-20 bytes of index per row (8 bytes / load factor).
+// Memory: 16 bytes of bucket per row / load factor (20-40 bytes) plus 8 bytes of id.
 // Not thread-safe: the owning Table guards each RowIndex with its sub-shard lock.
 #pragma once
 
@@ -42,30 +42,21 @@ class RowIndex {
 
   // `hash` must be hash_row_id(row_id): callers compute it once and also route by it.
   float* find(uint64_t row_id, uint64_t hash) const {
-    std::byte* record = locate(row_id, hash).record;
-    return record != nullptr ? floats_of(record) : nullptr;
+    const Location found = locate(hash);
+    return found.slot != kNoSlot ? floats_at(found.slot) : nullptr;
   }
 
   // Prefetch hints for batch lookups, which overlap the cache misses of many rows instead of paying
-  // them one after another: prefetch_bucket(hash) a few rows ahead; prefetch_record(hash, bytes),
-  // for the id and the first `bytes` bytes of floats of the record the bucket points to, once the
-  // bucket has arrived; then find() when the row is due. Hints never fault and change nothing.
+  // them one after another: prefetch_bucket(hash) a few rows ahead; prefetch_record(hash, bytes), for
+  // the first `bytes` bytes of the record the bucket points to, once the bucket has arrived; then
+  // find() when the row is due. Hints never fault and change nothing.
   void prefetch_bucket(uint64_t hash) const {
-    if (capacity_ != 0) prefetch(&entries_[hash & mask_]);
+    if (capacity_ != 0) prefetch(&buckets_[hash & mask_]);
   }
   void prefetch_record(uint64_t hash, size_t bytes) const {
-    if (capacity_ == 0) return;
-    // The first tag match is the row's record unless two ids share a tag, which is rare enough to
-    // leave to find().
-    const uint32_t tag = uint32_t(hash);
-    for (size_t bucket = hash & mask_;; bucket = (bucket + 1) & mask_) {
-      const uint64_t entry = entries_[bucket];
-      if (entry == kEmpty) return;
-      if (uint32_t(entry >> 32) == tag) {
-        prefetch_range(arena_.record(uint32_t(entry)), sizeof(uint64_t) + bytes);
-        return;
-      }
-    }
+    if (bytes == 0) return;
+    const size_t slot = locate(hash).slot;
+    if (slot != kNoSlot) prefetch_range(arena_.record(slot), bytes);
   }
 
   // Returns the row's record and whether this call created it; a created record's floats are
@@ -78,52 +69,47 @@ class RowIndex {
 
   void clear();
 
-  // Every byte held: the bucket array and the arena.
-  size_t bytes() const { return capacity_ * sizeof(uint64_t) + arena_.bytes(); }
+  // Every byte held: the bucket array and the arenas.
+  size_t bytes() const { return capacity_ * sizeof(Bucket) + arena_.bytes() + ids_.bytes(); }
 
   // Calls fn(row_id, const float* record_floats) for every row, in slot order.
   template <class Fn>
   void for_each(Fn&& fn) const {
-    for (size_t slot = 0; slot < arena_.size(); ++slot) {
-      const std::byte* record = arena_.record(slot);
-      fn(id_of(record), floats_of(record));
-    }
+    for (size_t slot = 0; slot < arena_.size(); ++slot) fn(id_at(slot), static_cast<const float*>(floats_at(slot)));
   }
 
  private:
-  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static constexpr size_t kNoSlot = ~size_t{0};
 
-  static uint64_t id_of(const std::byte* record) {
+  struct Bucket {
+    uint64_t hash;
+    size_t slot;  // kNoSlot: empty
+  };
+
+  float* floats_at(size_t slot) const { return reinterpret_cast<float*>(arena_.record(slot)); }
+  uint64_t id_at(size_t slot) const {
     uint64_t id;
-    std::memcpy(&id, record, sizeof(id));
+    std::memcpy(&id, ids_.record(slot), sizeof(id));
     return id;
-  }
-  static float* floats_of(std::byte* record) { return reinterpret_cast<float*>(record + sizeof(uint64_t)); }
-  static const float* floats_of(const std::byte* record) {
-    return reinterpret_cast<const float*>(record + sizeof(uint64_t));
   }
 
   struct Location {
     size_t bucket;
-    std::byte* record;  // null if the row is absent
+    size_t slot;  // kNoSlot if the row is absent
   };
-  Location locate(uint64_t row_id, uint64_t hash) const {
-    if (capacity_ == 0) return {0, nullptr};
-    const uint32_t tag = uint32_t(hash);
+  Location locate(uint64_t hash) const {
+    if (capacity_ == 0) return {0, kNoSlot};
     for (size_t bucket = hash & mask_;; bucket = (bucket + 1) & mask_) {
-      const uint64_t entry = entries_[bucket];
-      if (entry == kEmpty) return {bucket, nullptr};
-      if (uint32_t(entry >> 32) == tag) {
-        std::byte* record = arena_.record(uint32_t(entry));
-        if (id_of(record) == row_id) return {bucket, record};
-      }
+      const Bucket& entry = buckets_[bucket];
+      if (entry.slot == kNoSlot || entry.hash == hash) return {bucket, entry.slot};
     }
   }
-  void insert_entry(uint64_t entry);                           // into a bucket array with room
+  void insert_bucket(const Bucket& entry);  // into a bucket array with room
   void rehash(size_t new_capacity);
 
-  SlabArena arena_;
-  std::unique_ptr<uint64_t[]> entries_;
+  SlabArena arena_;  // the records: record_floats floats each
+  SlabArena ids_;    // the row id of each slot
+  std::unique_ptr<Bucket[]> buckets_;
   size_t capacity_ = 0;  // a power of two, or 0 before the first insert
   size_t mask_ = 0;
 };
