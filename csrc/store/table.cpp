@@ -30,11 +30,17 @@ constexpr size_t kFiniteCheckRows = 128;
 constexpr size_t kRowBatch = 2048;
 
 // How far ahead, in rows, batch loops prefetch: a row's index bucket kBucketAhead rows before it is
-// due, its record (the bucket having arrived by then) kRecordAhead rows before. Far enough to hide a
-// DRAM miss, near enough to stay within the core's budget of outstanding misses: a 512-byte row is 8
-// lines, and 6 rows ahead measured best for embedding_bag on this project's 2-core machines.
+// due, its record (the bucket having arrived by then) records_ahead(bytes) rows before. Far enough to
+// hide a DRAM miss, near enough to stay within the core's budget of outstanding misses, which whole
+// records use up fast (a 512-byte row is 8 lines): about kLinesAhead lines in flight, which measured
+// best for embedding_bag (6 rows of 512 bytes) and Adagrad updates on this project's 2-core machines.
 constexpr size_t kBucketAhead = 16;
-constexpr size_t kRecordAhead = 6;
+constexpr size_t kLinesAhead = 48;
+
+size_t records_ahead(size_t record_bytes) {
+  const size_t lines = std::max<size_t>(1, (record_bytes + kCacheLineBytes - 1) / kCacheLineBytes);
+  return std::clamp<size_t>(kLinesAhead / lines, 2, kBucketAhead / 2);
+}
 
 // Calls visit(k) for k in [0, count), in order, where item k is the row of `index` with hash
 // hash_of(k). Ahead of each visit it prefetches the row's bucket, then its record's first
@@ -42,12 +48,13 @@ constexpr size_t kRecordAhead = 6;
 template <class HashOf, class AlsoPrefetch, class Visit>
 void for_each_prefetched(const RowIndex& index, size_t count, size_t record_bytes, HashOf hash_of,
                          AlsoPrefetch also_prefetch, Visit visit) {
+  const size_t ahead = records_ahead(record_bytes);
   for (size_t k = 0; k < std::min(count, kBucketAhead); ++k) index.prefetch_bucket(hash_of(k));
   for (size_t k = 0; k < count; ++k) {
     if (k + kBucketAhead < count) index.prefetch_bucket(hash_of(k + kBucketAhead));
-    if (k + kRecordAhead < count) {
-      index.prefetch_record(hash_of(k + kRecordAhead), record_bytes);
-      also_prefetch(k + kRecordAhead);
+    if (k + ahead < count) {
+      index.prefetch_record(hash_of(k + ahead), record_bytes);
+      also_prefetch(k + ahead);
     }
     visit(k);
   }
@@ -311,24 +318,27 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
 namespace {
 
 // The rows of a block, found in bag order as pool_bags takes them: each row's bucket is prefetched
-// kBucketAhead rows before its turn and its whole record kRecordAhead rows before, so that finding
+// kBucketAhead rows before its turn and its whole record records_ahead rows before, so that finding
 // and pooling overlap the misses of the rows to come (no second pass over rows gone from the cache).
 class IndexedRows final : public RowSource {
  public:
   IndexedRows(const RowIndex* const* shard_of_row, const uint64_t* ids, const uint64_t* hashes, size_t count,
               size_t row_bytes)
-      : shard_of_row_(shard_of_row), ids_(ids), hashes_(hashes), count_(count), row_bytes_(row_bytes) {
+      : shard_of_row_(shard_of_row),
+        ids_(ids),
+        hashes_(hashes),
+        count_(count),
+        row_bytes_(row_bytes),
+        ahead_(records_ahead(row_bytes)) {
     for (size_t k = 0; k < std::min(count, kBucketAhead); ++k) shard_of_row_[k]->prefetch_bucket(hashes_[k]);
-    for (size_t k = 0; k < std::min(count, kRecordAhead); ++k) shard_of_row_[k]->prefetch_record(hashes_[k], row_bytes_);
+    for (size_t k = 0; k < std::min(count, ahead_); ++k) shard_of_row_[k]->prefetch_record(hashes_[k], row_bytes_);
   }
 
   const float* next() override {
     if (next_ == count_) return nullptr;
     const size_t k = next_++;
     if (k + kBucketAhead < count_) shard_of_row_[k + kBucketAhead]->prefetch_bucket(hashes_[k + kBucketAhead]);
-    if (k + kRecordAhead < count_) {
-      shard_of_row_[k + kRecordAhead]->prefetch_record(hashes_[k + kRecordAhead], row_bytes_);
-    }
+    if (k + ahead_ < count_) shard_of_row_[k + ahead_]->prefetch_record(hashes_[k + ahead_], row_bytes_);
     return shard_of_row_[k]->find(ids_[k], hashes_[k]);
   }
 
@@ -338,6 +348,7 @@ class IndexedRows final : public RowSource {
   const uint64_t* hashes_;
   size_t count_;
   size_t row_bytes_;
+  size_t ahead_;
   size_t next_ = 0;
 };
 
