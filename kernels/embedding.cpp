@@ -158,7 +158,9 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
   const float* weight_data = weights.defined() ? weights.const_data_ptr<float>() : nullptr;
   const int64_t padding_row = padding_idx < 0 ? -1 : static_cast<int64_t>(*first) + padding_idx;
-  const int64_t bags_per_task = std::max<int64_t>(1, kRowsPerTask * static_cast<int64_t>(num_bags) / std::max<int64_t>(1, rows.size()));
+  const int64_t bags_per_task = table.in_process()
+      ? std::max<int64_t>(1, kRowsPerTask * static_cast<int64_t>(num_bags) / std::max<int64_t>(1, rows.size()))
+      : std::max<int64_t>(1, num_bags);  // table_handle.h, in_process
   at::parallel_for(0, static_cast<int64_t>(num_bags), bags_per_task, [&](int64_t begin, int64_t end) {
     const int64_t base = bounds[begin];
     std::vector<int64_t> local(bounds.begin() + begin, bounds.begin() + end + 1);

@@ -80,9 +80,11 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   at::Tensor out = empty_host(size, weight.scalar_type());
   store::TableHandle& table = *device::table_block(weight.storage())->table;
   float* dst = static_cast<float*>(device::cpu_view(out).data_ptr());
-  const size_t words = table.config().dim;
-  // The table is safe for concurrent readers: split the batch over threads.
-  at::parallel_for(0, static_cast<int64_t>(rows.size()), kRowsPerTask, [&](int64_t begin, int64_t end) {
+  const size_t words = table.dim();
+  // The table is safe for concurrent readers: split the batch over threads (table_handle.h,
+  // in_process).
+  const int64_t rows_per_task = table.in_process() ? kRowsPerTask : std::max<int64_t>(1, rows.size());
+  at::parallel_for(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
     table.gather(rows.data() + begin, static_cast<size_t>(end - begin), dst + static_cast<size_t>(begin) * words);
   });
   return out;

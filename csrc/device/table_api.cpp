@@ -33,7 +33,7 @@ std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::TableHandle& 
   const at::Tensor cpu = keys.to(at::kCPU).contiguous();
   const uint64_t* data = static_cast<const uint64_t*>(cpu.const_data_ptr());
   std::vector<uint64_t> ids(data, data + cpu.numel());
-  const uint64_t rows = table.config().num_rows;
+  const uint64_t rows = table.num_rows();
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] >= rows) {
       throw py::index_error(
@@ -47,7 +47,7 @@ std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::TableHandle& 
 
 // Rows given for `n` keys: a float32 [n, dim] tensor, as contiguous CPU.
 at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle& table, const char* what) {
-  const int64_t dim = table.config().dim;
+  const int64_t dim = table.dim();
   if (values.scalar_type() != at::kFloat || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
       values.size(1) != dim) {
     throw py::value_error(
@@ -118,7 +118,7 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
 at::Tensor read_rows(const at::Tensor& t, const at::Tensor& keys) {
   store::TableHandle& table = table_of(t, "emb_read");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_read");
-  at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), static_cast<int64_t>(table.config().dim)}, at::kFloat);
+  at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), static_cast<int64_t>(table.dim())}, at::kFloat);
   py::gil_scoped_release no_gil;
   table.gather(ids.data(), ids.size(), out.data_ptr<float>());
   return out;

@@ -8,6 +8,7 @@
 
 #include "connection.h"
 #include "server.h"
+#include "store/task_runner.h"
 
 namespace py = pybind11;
 
@@ -31,6 +32,10 @@ void bind(py::module_& m) {
         options.checkpoint_dir = checkpoint_dir;
         options.checkpoint_every = checkpoint_every;
         options.max_connections = max_connections;
+        // Requests run on their connections' threads. PyTorch's OpenMP pool, which the device installs
+        // for the store's batches, would give every connection thread a team of its own, spinning
+        // after each request on cores the other connections need: back to plain threads per batch.
+        store::set_thread_launcher(nullptr);
         py::gil_scoped_release release;
         run_server(options);
       },

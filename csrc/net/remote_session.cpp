@@ -212,16 +212,16 @@ std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeou
   }
 }
 
-void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls) {
+void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::function<void(size_t)>& on_answer) {
   std::vector<ShardConnection*> connections(links_.size(), nullptr);
   for (const Call& call : calls) {
     if (connections[call.shard] == nullptr) connections[call.shard] = &lease.connection(call.shard);
   }
-  exchange_on(connections, calls, timeout_seconds_);
+  exchange_on(connections, calls, timeout_seconds_, on_answer);
 }
 
 void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
-                                double timeout_seconds) {
+                                double timeout_seconds, const std::function<void(size_t)>& on_answer) {
   std::vector<Channel> channels;
   std::vector<size_t> channel_of_shard(connections.size(), SIZE_MAX);
   std::vector<uint64_t> request_ids(calls.size());
@@ -269,6 +269,13 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
       }
     } else {
       calls[call].response = std::move(channel.payload);
+      if (on_answer) {
+        try {
+          on_answer(call);
+        } catch (...) {
+          errors[call] = std::current_exception();
+        }
+      }
     }
     channel.payload = {};
     channel.header_have = 0;

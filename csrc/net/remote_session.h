@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -105,8 +106,10 @@ class RemoteSession {
 
   // Sends every call on the lease's connections and waits for every answer. Then, if any failed,
   // throws the error of the first failed call (in call order): the server's StoreError with its code,
-  // or StoreError(Unavailable) for a transport failure or a timeout.
-  void exchange(Lease& lease, std::vector<Call>& calls);
+  // or StoreError(Unavailable) for a transport failure or a timeout. on_answer(k), if given, runs as
+  // soon as call k's answer is in, while the other answers are still arriving (an exception it
+  // throws counts as call k's error).
+  void exchange(Lease& lease, std::vector<Call>& calls, const std::function<void(size_t call)>& on_answer = {});
 
   template <class Response, class Request>
   Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {
@@ -132,7 +135,7 @@ class RemoteSession {
   void release(size_t shard, std::unique_ptr<ShardConnection> connection);
   std::unique_ptr<ShardConnection> open(size_t shard, double timeout_seconds);
   void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
-                   double timeout_seconds);
+                   double timeout_seconds, const std::function<void(size_t call)>& on_answer = {});
   void heartbeat();
 
   const std::vector<std::string> servers_;

@@ -112,11 +112,21 @@ size_t RemoteTable::ids_per_request(size_t bytes_per_id) {
   return std::max<size_t>(1, (kMaxPayloadBytes - kFrameOverhead) / bytes_per_id);
 }
 
+namespace {
+
+// A batch's requests to one shard carry at most this many bytes of answer each: the shard gathers
+// the next piece while the previous one crosses the network, and this client copies each answer
+// into place as it arrives instead of after the last one.
+constexpr size_t kPipelinedAnswerBytes = size_t{1} << 20;
+
+}  // namespace
+
 template <class Take>
 void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id,
                               Take take) const {
   const Routed routed = route(ids, n);
-  const size_t per_request = ids_per_request(std::max<size_t>(sizeof(uint64_t), answer_bytes_per_id));
+  const size_t bytes_per_id = std::max<size_t>(sizeof(uint64_t), answer_bytes_per_id);
+  const size_t per_request = std::min(ids_per_request(bytes_per_id), std::max<size_t>(1, kPipelinedAnswerBytes / bytes_per_id));
   struct Piece {
     size_t shard, begin, end;
   };
@@ -134,12 +144,11 @@ void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size
       pieces.push_back({shard, begin, end});
     }
   }
-  session_->exchange(lease, calls);
-  for (size_t k = 0; k < calls.size(); ++k) {
+  session_->exchange(lease, calls, [&](size_t k) {
     const Piece& piece = pieces[k];
     take(calls[k], routed.positions[piece.shard].data() + piece.begin, piece.end - piece.begin);
     lease.connection(piece.shard).recycle(std::move(calls[k].response));
-  }
+  });
 }
 
 template <class MakeMessage>

@@ -36,6 +36,9 @@ class RemoteTable final : public store::TableHandle {
 
   uint64_t id() const override { return client_id_; }
   store::TableConfig config() const override;
+  uint64_t num_rows() const override { return num_rows_; }
+  uint32_t dim() const override { return dim_; }
+  bool in_process() const override { return false; }
   uint64_t init_stream() const override;
 
   void set_init(const store::InitRule& rule) override;

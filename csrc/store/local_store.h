@@ -18,6 +18,9 @@ class LocalTable final : public TableHandle {
 
   uint64_t id() const override;
   TableConfig config() const override;
+  uint64_t num_rows() const override { return table_->num_rows(); }
+  uint32_t dim() const override { return table_->dim(); }
+  bool in_process() const override { return true; }
   uint64_t init_stream() const override;
 
   void set_init(const InitRule& rule) override;

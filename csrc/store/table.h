@@ -121,6 +121,8 @@ class Table {
   Table& operator=(const Table&) = delete;
 
   uint64_t id() const { return id_; }
+  uint64_t num_rows() const { return num_rows_; }
+  uint32_t dim() const { return dim_; }
   TableConfig config() const;
   uint64_t init_stream() const;
 

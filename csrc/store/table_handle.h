@@ -27,6 +27,13 @@ class TableHandle {
   // Unique among the live tables of one StoreClient (diagnostics, not routing).
   virtual uint64_t id() const = 0;
   virtual TableConfig config() const = 0;
+  // config().num_rows and config().dim, which never change: known without asking any server.
+  virtual uint64_t num_rows() const = 0;
+  virtual uint32_t dim() const = 0;
+  // Whether the rows live in this process. Kernels split a batch on such a table over PyTorch's
+  // threads; a remote table already sends a batch to all its shards at once, and splitting it would
+  // only multiply the requests.
+  virtual bool in_process() const = 0;
   virtual uint64_t init_stream() const = 0;
 
   virtual void set_init(const InitRule& rule) = 0;

@@ -134,6 +134,11 @@ def test_a_hung_shard_times_out(start_shards):
         assert time.monotonic() - start < 6.0
     finally:
         servers[0].proc.send_signal(signal.SIGCONT)
-    # Once it answers again, so does the table.
+    # The timed-out update reached shard 1, which applied it, and sits in shard 0's socket, which
+    # applies it when it resumes (docs/remote.md, "Errors and failures"): every row took it, or will.
+    # Once the shard answers again, so does the table: the next update applies on every shard.
+    before = ops.emb_read(table, keys).cpu()
+    assert set(before.unique().tolist()) <= {-2.0, -3.0}
     step_all(table, keys)
-    assert ops.emb_read(table, keys[:5]).cpu().eq(-2.0).all()
+    after = ops.emb_read(table, keys).cpu()
+    assert torch.equal(after, before - 1) or after.eq(-4.0).all()
