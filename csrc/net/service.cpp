@@ -403,11 +403,9 @@ std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame
   const uint64_t dim = target.table->config().dim;
   check_response_size(n * dim * sizeof(float), opcode_name(uint8_t(frame.header.opcode)));
   if (materialize) reserve_rows(*target.table, request.ids.data(), n);
-  // The rows go straight into the response frame.
-  std::vector<uint8_t> response = take_buffer();
-  response.resize(kHeaderBytes);
-  Writer out(response);
-  auto* rows = reinterpret_cast<float*>(out.put_array_space<float>(n * dim));
+  // The rows go straight into the response frame: its payload is one array of n * dim floats.
+  std::vector<uint8_t> response = take_buffer_of_size(kHeaderBytes + sizeof(uint32_t) + n * dim * sizeof(float));
+  auto* rows = reinterpret_cast<float*>(place_array<float>(response, kHeaderBytes, n * dim));
   if (materialize) {
     target.table->gather(request.ids.data(), n, rows);
   } else {

@@ -57,6 +57,15 @@ inline std::vector<uint8_t> take_buffer() {
   return buffer;
 }
 
+// The spare buffer resized to `size` bytes, contents unspecified. Shrinking writes nothing, so a
+// connection answering gathers of similar sizes does not zero the rows it is about to overwrite (a
+// vector zero-fills what it grows by).
+inline std::vector<uint8_t> take_buffer_of_size(size_t size) {
+  std::vector<uint8_t> buffer = std::move(spare_buffer);
+  buffer.resize(size);
+  return buffer;
+}
+
 template <class Message>
 std::vector<uint8_t> reply(const Frame& frame, const Message& message) {
   std::vector<uint8_t> buffer = take_buffer();

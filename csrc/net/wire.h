@@ -22,6 +22,25 @@
 
 namespace recdev::net {
 
+// An array's element count as it goes on the wire.
+inline uint32_t wire_count(size_t count) {
+  if (count > UINT32_MAX) {
+    throw store::StoreError(store::ErrorCode::InvalidArgument, "an array of more than 2^32-1 elements cannot be sent");
+  }
+  return uint32_t(count);
+}
+
+// Encodes an array of `count` elements of T at byte `at` of a buffer already large enough: writes its
+// count and returns where its elements go, for the caller to fill. For a response sized up front, so
+// that megabytes about to be overwritten are not zeroed first (as growing a vector would).
+template <class T>
+uint8_t* place_array(std::vector<uint8_t>& buffer, size_t at, size_t count) {
+  static_assert(std::is_arithmetic_v<T>);
+  const uint32_t count32 = wire_count(count);
+  std::memcpy(buffer.data() + at, &count32, sizeof(count32));
+  return buffer.data() + at + sizeof(count32);
+}
+
 class Writer {
  public:
   explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
@@ -46,22 +65,9 @@ class Writer {
   void put_array(const std::vector<T>& values) {
     put_array(values.data(), values.size());
   }
-  // Room for `count` elements of an array (count written first), to be filled in place by the caller:
-  // lets a server gather rows straight into the response. Valid until the next write.
-  template <class T>
-  uint8_t* put_array_space(size_t count) {
-    static_assert(std::is_arithmetic_v<T>);
-    put_count(count);
-    const size_t at = out_.size();
-    out_.resize(at + count * sizeof(T));
-    return out_.data() + at;
-  }
 
  private:
-  void put_count(size_t count) {
-    if (count > UINT32_MAX) throw store::StoreError(store::ErrorCode::InvalidArgument, "an array of more than 2^32-1 elements cannot be sent");
-    put<uint32_t>(uint32_t(count));
-  }
+  void put_count(size_t count) { put<uint32_t>(wire_count(count)); }
   void append(const void* data, size_t size) {
     if (size == 0) return;
     const size_t at = out_.size();
