@@ -31,6 +31,22 @@ def _trained_table():
     return weight, ids
 
 
+def _saved(tensor):
+    """torch.save of `tensor` into memory, rewound for torch.load."""
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def _saved_table_on_two_shards(start_shards):
+    """Two fresh shards made current, and a trained table on them: (shards, weight, ids, saved file)."""
+    shards = start_shards(2)
+    torch_recdev.connect(local_shards.server_list(shards))
+    weight, ids = _trained_table()
+    return shards, weight, ids, _saved(weight)
+
+
 def _state(weight, ids):
     return torch_recdev.ops.emb_read(weight, ids).cpu(), torch_recdev._C._table_optimizer_step(weight)
 
@@ -39,13 +55,11 @@ def _state(weight, ids):
 def test_a_saved_table_loads_on_either_store(servers, save_on, load_on):
     torch_recdev.connect(servers if save_on == "remote" else None)
     weight, ids = _trained_table()
-    buffer = io.BytesIO()
-    torch.save(weight, buffer)
+    buffer = _saved(weight)
     untouched = torch.tensor([7, HUGE_ROWS - 2])  # read after the save: reading materializes them
     expected = _state(weight, ids), torch_recdev.ops.emb_read(weight, untouched).cpu()
     assert len(buffer.getvalue()) < 100_000  # the touched rows with their state, not 10^10 rows
     torch_recdev.connect(servers if load_on == "remote" else None)
-    buffer.seek(0)
     loaded = torch.load(buffer)
     assert torch_recdev.store_info()["kind"] == load_on
     assert torch_recdev.table_stats(loaded)["rows"] == 50
@@ -59,14 +73,9 @@ def _rows_on(shards):
 
 
 def test_a_table_restored_on_the_shards_lives_and_trains_there(start_shards):
-    shards = start_shards(2)
-    torch_recdev.connect(local_shards.server_list(shards))
-    weight, ids = _trained_table()
-    buffer = io.BytesIO()
-    torch.save(weight, buffer)
+    shards, weight, ids, saved = _saved_table_on_two_shards(start_shards)
     before = _rows_on(shards)
-    buffer.seek(0)
-    loaded = torch.load(buffer)
+    loaded = torch.load(saved)
     after = _rows_on(shards)
     assert sum(after) - sum(before) == 50 and all(a > b for a, b in zip(after, before))  # spread over both
     opt_original = torch_recdev.optim.Adagrad([weight], lr=0.1)
@@ -87,14 +96,9 @@ def test_whole_table_copy_between_remote_tables_is_lazy_and_exact(servers):
 
 
 def test_torch_load_with_a_dead_shard_fails_clearly_and_changes_nothing(start_shards):
-    shards = start_shards(2)
-    torch_recdev.connect(local_shards.server_list(shards))
-    weight, _ = _trained_table()
-    buffer = io.BytesIO()
-    torch.save(weight, buffer)
+    shards, _, _, saved = _saved_table_on_two_shards(start_shards)
     rows_before = _rows_on(shards[:1])
     shards[1].kill()
-    buffer.seek(0)
     with pytest.raises(ConnectionError, match=shards[1].address):
-        torch.load(buffer)
+        torch.load(saved)
     assert _rows_on(shards[:1]) == rows_before
