@@ -12,6 +12,7 @@
 #include "store/coalesce.h"
 #include "store/errors.h"
 #include "store/pooled_gradients.h"
+#include "store/row_copier.h"
 
 namespace recdev::net {
 
@@ -211,9 +212,10 @@ void RemoteTable::set_optimizer_step(uint64_t step) {
 void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const {
   check_ids(ids, n);
   const size_t row_bytes = size_t{dim_} * sizeof(float);
+  const store::RowCopier copier(out, n * row_bytes, row_bytes);
   fan_out_ids(ids, n, opcode, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
     const float* rows = rows_in(call, count, dim_);
-    for (size_t k = 0; k < count; ++k) std::memcpy(out + positions[k] * dim_, rows + k * dim_, row_bytes);
+    for (size_t k = 0; k < count; ++k) copier.copy(out + positions[k] * dim_, rows + k * dim_);
   });
 }
 

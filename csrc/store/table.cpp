@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "pooled_gradients.h"
 #include "prefetch.h"
+#include "row_copier.h"
 #include "task_runner.h"
 
 namespace recdev::store {
@@ -206,6 +207,7 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
   const size_t row_bytes = size_t{dim_} * sizeof(float);
   ShardRoute route(ids, n);
   std::vector<float> init_value;  // ComputeInit only: the init value of a row that is not materialized
+  const RowCopier copier(out, n * row_bytes, row_bytes);
   for (size_t s = 0; s < kNumShards; ++s) {
     const size_t begin = route.begin(s);
     const size_t end = route.end(s);
@@ -221,7 +223,7 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
             const size_t entry = begin + k;
             const size_t position = route.position(entry);
             if (const float* record = shard.rows.find(ids[position], route.hash(entry))) {
-              std::memcpy(out + position * row_bytes, record, row_bytes);
+              copier.copy(out + position * row_bytes, record);
             } else if (policy == MissPolicy::ComputeInit) {
               init_value.resize(dim_);
               fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());

@@ -111,6 +111,31 @@ def test_embedding_wide_and_odd_rows(kind, weight):
         _check_out(w.index_select(0, ids), ref.index_select(0, ids))
 
 
+def test_lookups_into_outputs_of_many_mib(to_placement, lazy_table):
+    # Outputs from 4 MiB up are written with streaming stores (csrc/store/row_copier.h) when their
+    # rows are 16-byte aligned, with memcpy otherwise; rows not yet materialized go a second way.
+    # Each checked lookup follows one of another table: the output's recycled memory then holds
+    # other rows, so a row copied short shows. The expected rows come from the CPU tensors the
+    # tables were copied from, not through any lookup path.
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 20_000, (20_000,), generator=g)
+    for dim in (128, 129):  # 10 MiB of 16-byte aligned rows (5 MiB per thread); 516-byte rows
+        ref = torch.randn(20_000, dim, generator=g)
+        w, other = to_placement(ref, "table"), to_placement(-ref, "table")
+        F.embedding(ids, other)
+        _check_out(F.embedding(ids, w), ref[ids])
+        other[ids]
+        _check_out(w[ids], ref[ids])
+    lazy = lazy_table(20_000, 128)
+    lazy[ids[: ids.numel() // 2]].sum()  # materializes about half of the rows looked up below
+    # init values read without materializing, in pieces too small for streaming stores
+    expected = torch.cat([lazy[start : start + 4000].cpu() for start in range(0, 20_000, 4000)])[ids]
+    materialized = torch_recdev.table_stats(lazy)["rows"]
+    other[ids]
+    assert torch.equal(lazy[ids].cpu(), expected)
+    assert torch_recdev.table_stats(lazy)["rows"] > materialized
+
+
 @pytest.mark.parametrize("kind", PLACEMENTS)
 def test_embedding_on_a_row_slice_of_the_weight(kind, weight):
     w, ref = weight(kind)
