@@ -14,5 +14,15 @@ inline bool cpu_has_avx2_fma() {
   return has;
 }
 
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+inline bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
 }  // namespace recdev::store
 #endif

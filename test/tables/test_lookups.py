@@ -112,14 +112,15 @@ def test_embedding_wide_and_odd_rows(kind, weight):
 
 
 def test_lookups_into_outputs_of_many_mib(to_placement, lazy_table):
-    # Outputs from 4 MiB up are written with streaming stores (csrc/store/row_copier.h) when their
-    # rows are 16-byte aligned, with memcpy otherwise; rows not yet materialized go a second way.
+    # Outputs from 4 MiB up are written with streaming stores (csrc/store/row_copier.h) as wide as
+    # the CPU and the rows' alignment allow (rows of 512, 544, 528 bytes: 64-, 32-, 16-byte stores),
+    # with memcpy otherwise (516 bytes); rows not yet materialized go a second way.
     # Each checked lookup follows one of another table: the output's recycled memory then holds
     # other rows, so a row copied short shows. The expected rows come from the CPU tensors the
     # tables were copied from, not through any lookup path.
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 20_000, (20_000,), generator=g)
-    for dim in (128, 129):  # 10 MiB of 16-byte aligned rows (5 MiB per thread); 516-byte rows
+    for dim in (128, 136, 132, 129):  # 10 MiB of rows: 5 MiB per thread
         ref = torch.randn(20_000, dim, generator=g)
         w, other = to_placement(ref, "table"), to_placement(-ref, "table")
         F.embedding(ids, other)
