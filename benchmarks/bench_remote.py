@@ -9,7 +9,7 @@ recdev-server shards, a 1M × 128 float32 named table with every row written,
   lookup as an unpooled remote gather pooled on the client: time and bytes on
   the loopback interface (from /proc/net/dev, headers included).
 - Payload bandwidth of the remote gather vs a raw loopback TCP stream between
-  two processes, measured in the same run."""
+  two processes, measured in the same run, in alternating rounds."""
 
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import torch_recdev
-from harness import Fact, Row, compare, median_seconds
+from harness import Fact, Row, compare
 from local_servers import local_recdev_servers, local_redis_server
 
 NUM_ROWS, DIM, NUM_IDS, BAG, SHARDS = 1_000_000, 128, 65_536, 8, 2
@@ -51,41 +50,56 @@ def wire_bytes(fn) -> int:
 
 
 _SENDER = """
-import socket, sys
-n, port = int(sys.argv[1]), int(sys.argv[2])
+import socket, struct, sys
 buf = bytearray(4 << 20)
-s = socket.create_connection(("127.0.0.1", port))
-while n > 0:
-    k = min(n, len(buf))
-    s.sendall(memoryview(buf)[:k])
-    n -= k
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    header = s.recv(8, socket.MSG_WAITALL)
+    n = struct.unpack("<Q", header)[0] if len(header) == 8 else 0
+    if n == 0:
+        break
+    while n > 0:
+        k = min(n, len(buf))
+        s.sendall(memoryview(buf)[:k])
+        n -= k
 s.close()
 """
 
 
-def raw_loopback_seconds(nbytes: int) -> float:
-    """Time to stream nbytes from another process over one loopback TCP
-    connection into a preallocated buffer: the physical limit a remote gather
-    could approach."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-        sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(nbytes), str(port)])
-        conn, _ = server.accept()
-        buf = bytearray(4 << 20)
-        view = memoryview(buf)
+class RawLoopbackStream:
+    """Another process streaming bytes over one loopback TCP connection on
+    demand: the physical limit a remote gather could approach. receive(n)
+    asks for n bytes (an 8-byte request) and reads them into a preallocated
+    buffer, so it can be timed like any other workload."""
+
+    def __enter__(self):
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        port = self._listener.getsockname()[1]
+        self._sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(port)])
+        self._listener.settimeout(60)
+        self._conn, _ = self._listener.accept()
+        self._conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._view = memoryview(bytearray(4 << 20))
+        return self
+
+    def receive(self, nbytes: int) -> None:
+        self._conn.sendall(nbytes.to_bytes(8, "little"))
         received = 0
-        start = time.perf_counter()
         while received < nbytes:
-            got = conn.recv_into(view)
+            got = self._conn.recv_into(self._view[: min(len(self._view), nbytes - received)])
             if got == 0:
-                break
+                raise RuntimeError(f"raw loopback stream delivered {received} of {nbytes} bytes")
             received += got
-        elapsed = time.perf_counter() - start
-        conn.close()
-        sender.wait(timeout=60)
-    if received != nbytes:
-        raise RuntimeError(f"raw loopback stream delivered {received} of {nbytes} bytes")
-    return elapsed
+
+    def __exit__(self, *exc):
+        try:
+            self._conn.sendall((0).to_bytes(8, "little"))
+            self._sender.wait(timeout=60)
+        finally:
+            self._sender.kill()
+            self._conn.close()
+            self._listener.close()
 
 
 def _fill_recdev(table: torch.Tensor, values: torch.Tensor) -> None:
@@ -163,9 +177,10 @@ def run(quick: bool = False) -> list:
                                 f"fewer by bag size / shards ({BAG // SHARDS}×: each shard sends one partial per bag)",
                                 unpooled_bytes / pooled_bytes >= 0.8 * BAG / SHARDS))
 
+            # Timed like every other row: alternating rounds, the best round's median of each.
             payload = NUM_IDS * ROW_BYTES
-            gather_s = median_seconds(lambda: F.embedding(ids, table), repeat=repeat)
-            raw_s = min(raw_loopback_seconds(payload) for _ in range(3))
+            with RawLoopbackStream() as raw:
+                gather_s, raw_s = compare(lambda: F.embedding(ids, table), lambda: raw.receive(payload), repeat=repeat)
             share = (payload / gather_s) / (payload / raw_s)
             results.append(Fact("remote gather payload bandwidth vs raw loopback TCP stream",
                                 f"{payload / gather_s / 2**30:.2f} GiB/s vs {payload / raw_s / 2**30:.2f} GiB/s "

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_recdev
-from bench_remote import raw_loopback_seconds
+from bench_remote import RawLoopbackStream
 from harness import Fact, Grid, median_seconds
 
 _names = itertools.count()
@@ -47,7 +47,8 @@ def physical_limits(quick: bool) -> list:
     out = torch.empty(65_536, 128)
     select_s = median_seconds(lambda: torch.index_select(dense, 0, ids, out=out), repeat=5)
     payload = 32 << 20
-    loopback_s = min(raw_loopback_seconds(payload) for _ in range(3))
+    with RawLoopbackStream() as raw:
+        loopback_s = median_seconds(lambda: raw.receive(payload), repeat=5)
     return [
         Fact("memory bandwidth (numpy copy, read + write)", f"{2 * n / copy_s / 2**30:.1f} GiB/s", "(physical limit)", True),
         Fact("dense random-row gather (index_select, dim 128, preallocated)",
