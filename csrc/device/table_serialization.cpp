@@ -7,7 +7,6 @@
 #include <ATen/ops/empty.h>
 
 #include <cstring>
-#include <optional>
 
 namespace recdev::device {
 
@@ -22,26 +21,9 @@ bool is_whole_table(const at::Tensor& t) {
       static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
 }
 
-// Every materialized row of a table, with its header, as one point-in-time view.
-struct Snapshot {
-  store::TableScanHeader header;
-  std::optional<store::RowSet> rows;
-};
-
-Snapshot snapshot_rows(const store::TableHandle& table) {
-  Snapshot snapshot;
-  table.scan(
-      [&](const store::TableScanHeader& header) {
-        snapshot.header = header;
-        snapshot.rows.emplace(header.config.dim + header.config.state_floats);
-      },
-      [&](uint64_t row_id, const float* record) { snapshot.rows->insert(row_id, record); });
-  return snapshot;
-}
-
-void install(store::TableHandle& table, Snapshot& snapshot) {
+void install(store::TableHandle& table, store::TableSnapshot& snapshot) {
   const store::TableScanHeader& h = snapshot.header;
-  table.install(*snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
+  table.install(snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
 }
 
 // torch.save: (header, row ids [k] int64, records [k, dim + state_floats] float32), both on the CPU.
@@ -176,18 +158,20 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
   }
   const at::Tensor id_values = ids.contiguous();
   const at::Tensor record_values = records.contiguous();
-  Snapshot snapshot{{config, field<uint64_t>(header, "init_stream"), optimizer, field<uint64_t>(header, "optimizer_step"),
-                     static_cast<uint64_t>(ids.size(0))},
-                    store::RowSet(static_cast<uint32_t>(record_floats))};
+  store::TableSnapshot snapshot{{config, field<uint64_t>(header, "init_stream"), optimizer,
+                                 field<uint64_t>(header, "optimizer_step"), static_cast<uint64_t>(ids.size(0))},
+                                store::RowSet(static_cast<uint32_t>(record_floats))};
   const int64_t* id = id_values.const_data_ptr<int64_t>();
   const float* record = record_values.const_data_ptr<float>();
   for (int64_t i = 0; i < ids.size(0); ++i) {
     if (id[i] < 0 || static_cast<uint64_t>(id[i]) >= config.num_rows) {
       refuse("row id " + std::to_string(id[i]) + " is out of range for " + std::to_string(config.num_rows) + " rows");
     }
-    if (!snapshot.rows->insert(static_cast<uint64_t>(id[i]), record + i * record_floats)) {
-      refuse("row " + std::to_string(id[i]) + " appears twice");
-    }
+  }
+  // In range, so non-negative: the same values as uint64.
+  if (const auto repeat = snapshot.rows.insert_all(
+          reinterpret_cast<const uint64_t*>(id), record, static_cast<size_t>(ids.size(0)))) {
+    refuse("row " + std::to_string(id[*repeat]) + " appears twice");
   }
   c10::Storage storage = make_table_storage(nbytes, row_bytes);
   install(*table_block(storage)->table, snapshot);
@@ -211,7 +195,7 @@ bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
   if (from.table == to.table) {
     return true;
   }
-  Snapshot snapshot = snapshot_rows(*from.table);
+  store::TableSnapshot snapshot = from.table->snapshot();
   install(*to.table, snapshot);
   return true;  // the snapshot now holds dst's old rows, freed here outside the table's locks
 }

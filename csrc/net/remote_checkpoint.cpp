@@ -2,7 +2,6 @@
 
 #include <map>
 #include <memory>
-#include <optional>
 
 #include "store/checkpoint.h"
 #include "store/errors.h"
@@ -44,24 +43,12 @@ std::map<std::string, std::vector<uint64_t>> named_tables(RemoteSession& session
 // Reads one table from every shard into `local`, a named table of the same name.
 void copy_to_local(RemoteSession& session, RemoteSession::Lease& lease, const std::string& name,
                    const std::vector<uint64_t>& ids, store::Store& local) {
-  std::optional<store::RowSet> rows;
-  store::TableScanHeader header;
-  dump_table(
-      session, lease, ids, "table '" + name + "'",
-      [&](const store::TableScanHeader& h) {
-        header = h;
-        rows.emplace(h.config.dim + h.config.state_floats);
-      },
-      [&](uint64_t row_id, const float* record) {
-        if (!rows->insert(row_id, record)) {
-          throw StoreError(ErrorCode::Protocol, "row " + std::to_string(row_id) + " of table '" + name +
-                                                    "' came from two shards");
-        }
-      });
+  store::TableSnapshot snapshot = dump_snapshot(session, lease, ids, "table '" + name + "'");
+  const store::TableScanHeader& header = snapshot.header;
   store::TableConfig config = header.config;
   config.state_floats = 0;
   const auto table = local.table(local.create_named_table(name, config));
-  table->install(*rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
+  table->install(snapshot.rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
 }
 
 }  // namespace

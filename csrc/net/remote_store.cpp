@@ -311,6 +311,13 @@ void RemoteTable::scan(const std::function<void(const store::TableScanHeader&)>&
   dump_table(*session_, lease, ids, label(), on_header, on_row);
 }
 
+store::TableSnapshot RemoteTable::snapshot() const {
+  RemoteSession::Lease lease(*session_);
+  std::vector<uint64_t> ids;
+  for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
+  return dump_snapshot(*session_, lease, ids, label());
+}
+
 void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
                           const store::OptimizerConfig& optimizer, uint64_t optimizer_step) {
   if (rows.record_floats() < dim_) {

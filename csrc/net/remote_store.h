@@ -71,6 +71,7 @@ class RemoteTable final : public store::TableHandle {
   // shard (remote_transfer.h).
   void scan(const std::function<void(const store::TableScanHeader&)>& on_header,
             const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
+  store::TableSnapshot snapshot() const override;
   void install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
                const store::OptimizerConfig& optimizer, uint64_t optimizer_step) override;
 

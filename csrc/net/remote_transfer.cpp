@@ -1,5 +1,7 @@
 #include "remote_transfer.h"
 
+#include <optional>
+
 #include <algorithm>
 
 #include "store/errors.h"
@@ -66,6 +68,22 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
                                                 label + " after announcing " + std::to_string(parts[shard].total_rows));
     }
   }
+}
+
+store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease& lease,
+                                   const std::vector<uint64_t>& shard_table_ids, const std::string& label) {
+  std::optional<store::TableSnapshot> snapshot;
+  dump_table(
+      session, lease, shard_table_ids, label,
+      [&](const store::TableScanHeader& header) {
+        snapshot.emplace(store::TableSnapshot{header, store::RowSet(header.config.dim + header.config.state_floats)});
+      },
+      [&](uint64_t row_id, const float* record) {
+        if (!snapshot->rows.insert(row_id, record)) {
+          throw StoreError(ErrorCode::Protocol, "row " + std::to_string(row_id) + " of " + label + " came from two shards");
+        }
+      });
+  return std::move(*snapshot);
 }
 
 TableLoad::TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,

@@ -23,6 +23,11 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
                 const std::string& label, const std::function<void(const store::TableScanHeader&)>& on_header,
                 const std::function<void(uint64_t row_id, const float* record)>& on_row);
 
+// dump_table's rows gathered into a snapshot, to install into another table. A row that comes from
+// two shards is StoreError(Protocol).
+store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease& lease,
+                                   const std::vector<uint64_t>& shard_table_ids, const std::string& label);
+
 class TableLoad {
  public:
   // Begins a load on every shard: into the named table `header.name` (created at commit if missing),

@@ -61,6 +61,8 @@ void LocalTable::scan(const std::function<void(const TableScanHeader&)>& on_head
   table_->scan(on_header, on_row);
 }
 
+TableSnapshot LocalTable::snapshot() const { return table_->snapshot(); }
+
 void LocalTable::install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                          uint64_t optimizer_step) {
   table_->install(rows, init, init_stream, optimizer, optimizer_step);

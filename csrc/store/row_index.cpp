@@ -48,6 +48,19 @@ void RowIndex::rehash(size_t new_capacity) {
   }
 }
 
+RowIndex RowIndex::copy() const {
+  RowIndex out;
+  out.arena_ = arena_.copy();
+  out.ids_ = ids_.copy();
+  if (capacity_ != 0) {
+    out.buckets_.reset(new Bucket[capacity_]);
+    std::copy(buckets_.get(), buckets_.get() + capacity_, out.buckets_.get());
+  }
+  out.capacity_ = capacity_;
+  out.mask_ = mask_;
+  return out;
+}
+
 RowIndex::RowIndex(RowIndex&& other) noexcept
     : arena_(std::move(other.arena_)),
       ids_(std::move(other.ids_)),

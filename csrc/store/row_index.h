@@ -40,6 +40,10 @@ class RowIndex {
 
   size_t size() const { return arena_.size(); }
 
+  // A copy of every row, bucket array and arenas copied whole: a memory copy, no row re-inserted.
+  // Throws std::bad_alloc.
+  RowIndex copy() const;
+
   // `hash` must be hash_row_id(row_id): callers compute it once and also route by it.
   float* find(uint64_t row_id, uint64_t hash) const {
     const Location found = locate(hash);

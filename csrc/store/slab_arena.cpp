@@ -1,6 +1,7 @@
 #include "slab_arena.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 namespace recdev::store {
@@ -60,6 +61,20 @@ size_t SlabArena::chunk_rows(size_t chunk) const {
   if (chunk == 0) return first_rows_;
   if (chunk < num_growing_chunks_) return first_rows_ << (chunk - 1);
   return full_rows_;
+}
+
+SlabArena SlabArena::copy() const {
+  SlabArena out(record_bytes_);
+  out.chunks_.reserve(chunks_.size());
+  for (size_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const size_t bytes = chunk_rows(chunk) * record_bytes_;
+    out.chunks_.push_back(allocate_chunk(bytes));
+    out.chunk_bytes_ += bytes;
+    const size_t used_rows = std::min(chunk_rows(chunk), size_ - std::min(size_, chunk_start(chunk)));
+    std::memcpy(out.chunks_.back().get(), chunks_[chunk].get(), used_rows * record_bytes_);
+  }
+  out.size_ = size_;
+  return out;
 }
 
 size_t SlabArena::push_back() {

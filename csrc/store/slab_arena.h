@@ -50,6 +50,11 @@ class SlabArena {
     return chunks_[chunk].get() + offset * record_bytes_;
   }
 
+  // A copy with the same records in the same slots, chunk by chunk (no per-record work). Explicit
+  // rather than a copy constructor: copying a sub-shard's records is never incidental. Throws
+  // std::bad_alloc.
+  SlabArena copy() const;
+
   // Appends an uninitialized record and returns its slot. Throws std::bad_alloc.
   size_t push_back();
   // Drops the last record. Frees a trailing chunk once the chunk before it is empty too, so that

@@ -29,6 +29,8 @@ constexpr size_t kFiniteCheckRows = 128;
 // Whole-row ranges of read_bytes/write_bytes go through the batch cores this many rows at a time:
 // large enough to amortize the per-batch routing, small enough that the scratch buffers stay in cache.
 constexpr size_t kRowBatch = 2048;
+// Rows per thread of a snapshot's copy: a memory copy, worth a thread only for a large table.
+constexpr size_t kCopyRowsPerThread = 65536;
 
 // How far ahead, in rows, batch loops prefetch: a row's index bucket kBucketAhead rows before it is
 // due, its record (the bucket having arrived by then) records_ahead(bytes) rows before. Far enough to
@@ -143,6 +145,27 @@ bool RowSet::insert(uint64_t row_id, const float* record) {
   const auto [floats, created] = shards_[shard_of(hash)].find_or_insert(row_id, hash);
   if (created) std::memcpy(floats, record, size_t{record_floats_} * sizeof(float));
   return created;
+}
+
+std::optional<size_t> RowSet::insert_all(const uint64_t* ids, const float* records, size_t n) {
+  const ShardRoute route(ids, n);
+  const size_t record_bytes = size_t{record_floats_} * sizeof(float);
+  // Per sub-shard, the first repeat in batch order (entries keep it within a sub-shard).
+  std::array<size_t, kNumShards> first_repeat;
+  first_repeat.fill(n);
+  run_tasks(kNumShards, threads_for(n, kCopyRowsPerThread), [&](size_t s) {
+    for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      const size_t position = route.position(entry);
+      const auto [record, created] = shards_[s].find_or_insert(ids[position], route.hash(entry));
+      if (!created) {
+        first_repeat[s] = position;
+        return;
+      }
+      std::memcpy(record, records + position * size_t{record_floats_}, record_bytes);
+    }
+  });
+  const size_t first = *std::min_element(first_repeat.begin(), first_repeat.end());
+  return first < n ? std::optional<size_t>(first) : std::nullopt;
 }
 
 Table::Table(uint64_t id, uint64_t init_stream, const TableConfig& config)
@@ -464,20 +487,33 @@ std::vector<std::unique_lock<std::shared_mutex>> Table::lock_all_shards() {
   return locks;
 }
 
+Table::ViewLocks Table::lock_for_view() const {
+  ViewLocks locks{std::unique_lock<std::shared_mutex>(optimizer_mutex_), {}};
+  locks.shards.reserve(kNumShards);
+  for (const Shard& shard : shards_) locks.shards.emplace_back(shard.mutex);
+  return locks;
+}
+
+TableScanHeader Table::scan_header() const {
+  uint64_t row_count = 0;
+  for (const Shard& shard : shards_) row_count += shard.rows.size();
+  return TableScanHeader{TableConfig{num_rows_, dim_, state_floats_, init_}, init_stream_, optimizer_, step_.load(),
+                         row_count};
+}
+
 void Table::scan(const std::function<void(const TableScanHeader&)>& on_header,
                  const std::function<void(uint64_t, const float*)>& on_row) const {
-  // Exclusive: no update is halfway through its rows, so the step matches the rows.
-  std::unique_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
-  std::vector<std::shared_lock<std::shared_mutex>> locks;
-  locks.reserve(kNumShards);
-  uint64_t row_count = 0;
-  for (const Shard& shard : shards_) {
-    locks.emplace_back(shard.mutex);
-    row_count += shard.rows.size();
-  }
-  on_header(TableScanHeader{TableConfig{num_rows_, dim_, state_floats_, init_}, init_stream_, optimizer_,
-                            step_.load(), row_count});
+  const ViewLocks locks = lock_for_view();
+  on_header(scan_header());
   for (const Shard& shard : shards_) shard.rows.for_each(on_row);
+}
+
+TableSnapshot Table::snapshot() const {
+  const ViewLocks locks = lock_for_view();
+  TableSnapshot snapshot{scan_header(), RowSet(record_floats_)};
+  run_tasks(kNumShards, threads_for(snapshot.header.row_count, kCopyRowsPerThread),
+            [&](size_t s) { snapshot.rows.shards_[s] = shards_[s].rows.copy(); });
+  return snapshot;
 }
 
 void Table::set_init(const InitRule& rule) {

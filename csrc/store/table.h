@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -100,6 +101,10 @@ class RowSet {
   uint32_t record_floats() const { return record_floats_; }
   // Adds a row with its whole record (weight and state). Returns false if the row is already there.
   bool insert(uint64_t row_id, const float* record);
+  // Adds rows ids[i] with records + i * record_floats() for i in [0, n), the sub-shards on several
+  // threads for a large n. Returns the position of the first id that repeats an earlier one (the
+  // set then holds an unspecified part of the rows), or nullopt.
+  std::optional<size_t> insert_all(const uint64_t* ids, const float* records, size_t n);
   // fn(row_id, record) for every row, in no particular order.
   template <class Fn>
   void for_each(Fn&& fn) const {
@@ -110,6 +115,13 @@ class RowSet {
   friend class Table;
   uint32_t record_floats_;
   std::vector<RowIndex> shards_;
+};
+
+// A point-in-time copy of a table: its rows, with everything a checkpoint records besides them, ready
+// to install() into another table.
+struct TableSnapshot {
+  TableScanHeader header;
+  RowSet rows;
 };
 
 class Table {
@@ -214,6 +226,10 @@ class Table {
   void scan(const std::function<void(const TableScanHeader&)>& on_header,
             const std::function<void(uint64_t row_id, const float* record)>& on_row) const;
 
+  // The same point-in-time view as scan, copied: each sub-shard's index and records are copied whole
+  // (a memory copy, on several threads for a large table) instead of row by row.
+  TableSnapshot snapshot() const;
+
   // Replaces all rows, the init rule, the init stream, the optimizer and its step at once. The rows'
   // records must be dim + state floats, with state = optimizer_state_floats(optimizer.kind, dim)
   // unless optimizer.kind is None (then any width); state_floats becomes that width. The table's old
@@ -252,6 +268,14 @@ class Table {
                        size_t value_count, size_t threads) const;
   void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards();
+  // What scan and snapshot hold while they read: the optimizer lock exclusively, so that no update is
+  // halfway through its rows and the step matches the rows, and every sub-shard's read lock.
+  struct ViewLocks {
+    std::unique_lock<std::shared_mutex> optimizer;
+    std::vector<std::shared_lock<std::shared_mutex>> shards;
+  };
+  ViewLocks lock_for_view() const;
+  TableScanHeader scan_header() const;  // under lock_for_view
   void check_record_floats(uint64_t state_floats) const;
 
   const uint64_t id_;

@@ -66,6 +66,8 @@ class TableHandle {
   // Whole-table snapshots, for torch.save / torch.load of a table (csrc/device/table_serialization.cpp).
   virtual void scan(const std::function<void(const TableScanHeader&)>& on_header,
                     const std::function<void(uint64_t row_id, const float* record)>& on_row) const = 0;
+  // scan's view, copied (whole-table copies: copy_, load_state_dict).
+  virtual TableSnapshot snapshot() const = 0;
   virtual void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                        uint64_t optimizer_step) = 0;
 };

@@ -265,3 +265,23 @@ def test_tables_pickle_only_through_torch_save_safe_globals():
     assert torch.load(buffer, weights_only=True)["w"].shape == w.shape
     assert len(pickle.dumps(torch.arange(3))) > 0  # other tensors are untouched by the table hook
 
+
+
+def test_restoring_many_rows_names_the_first_repeated_id(lazy_table):
+    # 140,000 rows are inserted on several threads (RowSet::insert_all); the error still names the
+    # first id that repeats an earlier one, whichever thread finds which repeat.
+    w = lazy_table(1_000_000, 2)
+    ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(0))[:140_000]
+    torch_recdev.ops.emb_write(w, ids, torch.randn(len(ids), 2))
+    func, args = _tampered(w, lambda a: a)
+    assert torch.equal(func(*args).cpu(), w.cpu())
+
+    def repeat(a):
+        saved = a[1].clone()
+        saved[90_000] = saved[7]  # repeats the row at position 7 ...
+        saved[120_000] = saved[3]  # ... and a later one; the first repeat is named
+        return a[:1] + [saved] + a[2:]
+
+    func, args = _tampered(w, repeat)
+    with pytest.raises(ValueError, match=f"row {int(args[1][7])} appears twice"):
+        func(*args)

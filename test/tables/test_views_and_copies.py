@@ -188,6 +188,32 @@ def test_whole_table_copies(small, to_placement):
     assert torch.equal(w.cpu().to("recdev").cpu(), ref)
 
 
+def test_whole_table_copy_of_many_rows_is_a_separate_table(lazy_table):
+    # 150,000 rows over 64 sub-shards: many arena chunks each, and a copy on several threads. The copy
+    # is whole indexes and arenas (Table::snapshot), so check that it is complete and shares nothing.
+    rows, dim = 200_000, 4
+    src = lazy_table(rows, dim)
+    touched = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:150_000]
+    values = torch.randn(len(touched), dim)
+    torch_recdev.ops.emb_write(src, touched, values)
+    dst = lazy_table(rows, dim)
+    dst.copy_(src)
+    assert table_stats(dst)["rows"] == 150_000
+    assert torch.equal(dst.cpu(), src.cpu())
+    before = src.cpu()
+    torch_recdev.ops.emb_write(dst, touched[:10], torch.zeros(10, dim))
+    torch_recdev.ops.emb_delete(dst, touched[10:20])
+    untouched = torch.ones(rows, dtype=torch.bool)
+    untouched[touched] = False
+    new_rows = untouched.nonzero().flatten()[:1000]
+    F.embedding(new_rows, dst)  # inserts into the copied indexes
+    assert torch.equal(src.cpu(), before) and table_stats(src)["rows"] == 150_000
+    assert table_stats(dst)["rows"] == 150_000 - 10 + 1000
+    assert torch.equal(dst[touched[:10]].cpu(), torch.zeros(10, dim))
+    assert torch.equal(dst[touched[20:]].cpu(), values[20:])
+    assert not torch_recdev.ops.emb_exists(dst, touched[10:20]).any()
+
+
 # --- the fallback on table views ---------------------------------------------------------------------
 
 
