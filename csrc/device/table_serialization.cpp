@@ -6,8 +6,6 @@
 
 #include <ATen/ops/empty.h>
 
-#include <cstring>
-
 namespace recdev::device {
 
 namespace {
@@ -36,24 +34,14 @@ py::tuple table_snapshot(const at::Tensor& t) {
   at::Tensor ids, records;
   {
     py::gil_scoped_release no_gil;
-    int64_t* id_out = nullptr;
-    float* record_out = nullptr;
-    size_t record_floats = 0;
-    block.table->scan(
-        [&](const store::TableScanHeader& h) {
-          header = h;
-          record_floats = h.config.dim + h.config.state_floats;
-          const auto count = static_cast<int64_t>(h.row_count);
-          ids = at::empty({count}, at::kLong);
-          records = at::empty({count, static_cast<int64_t>(record_floats)}, at::kFloat);
-          id_out = ids.data_ptr<int64_t>();
-          record_out = records.data_ptr<float>();
-        },
-        [&](uint64_t row_id, const float* record) {
-          *id_out++ = static_cast<int64_t>(row_id);
-          std::memcpy(record_out, record, record_floats * sizeof(float));
-          record_out += record_floats;
-        });
+    block.table->scan_into([&](const store::TableScanHeader& h) {
+      header = h;
+      const auto count = static_cast<int64_t>(h.row_count);
+      ids = at::empty({count}, at::kLong);
+      records = at::empty({count, static_cast<int64_t>(h.config.dim + h.config.state_floats)}, at::kFloat);
+      // Row ids are below 2^63: the same bits as int64.
+      return store::RowArrays{reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()), records.data_ptr<float>()};
+    });
   }
   const store::TableConfig& config = header.config;
   const store::OptimizerConfig& optimizer = header.optimizer;

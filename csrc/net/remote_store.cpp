@@ -303,19 +303,35 @@ void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64
   update(pooled.ids(), pooled.size(), grads.data());
 }
 
-void RemoteTable::scan(const std::function<void(const store::TableScanHeader&)>& on_header,
-                       const std::function<void(uint64_t, const float*)>& on_row) const {
-  RemoteSession::Lease lease(*session_);
+std::vector<uint64_t> RemoteTable::shard_table_ids(RemoteSession::Lease& lease) const {
   std::vector<uint64_t> ids;
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
-  dump_table(*session_, lease, ids, label(), on_header, on_row);
+  return ids;
+}
+
+void RemoteTable::scan_into(const std::function<store::RowArrays(const store::TableScanHeader&)>& allocate) const {
+  store::RowArrays out{};
+  uint32_t record_floats = 0;
+  uint64_t rows = 0;
+  RemoteSession::Lease lease(*session_);
+  dump_table(
+      *session_, lease, shard_table_ids(lease), label(),
+      [&](const store::TableScanHeader& header) {
+        out = allocate(header);
+        record_floats = header.config.dim + header.config.state_floats;
+        rows = header.row_count;
+      },
+      [&](uint64_t row_id, const float* record) {
+        // dump_table checks a shard's row count after its last row: stop before writing past the arrays.
+        if (rows-- == 0) bad_answer("DUMP");
+        *out.ids++ = row_id;
+        out.records = std::copy_n(record, record_floats, out.records);
+      });
 }
 
 store::TableSnapshot RemoteTable::snapshot() const {
   RemoteSession::Lease lease(*session_);
-  std::vector<uint64_t> ids;
-  for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
-  return dump_snapshot(*session_, lease, ids, label());
+  return dump_snapshot(*session_, lease, shard_table_ids(lease), label());
 }
 
 void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
@@ -325,8 +341,7 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
                                                      " floats into " + label() + " of dim " + std::to_string(dim_));
   }
   RemoteSession::Lease lease(*session_);
-  std::vector<uint64_t> ids;
-  for (size_t shard = 0; shard < session_->num_shards(); ++shard) ids.push_back(table_id(lease, shard));
+  const std::vector<uint64_t> ids = shard_table_ids(lease);
   const BeginLoadRequest header{
       "", 0, store::TableConfig{num_rows_, dim_, rows.record_floats() - dim_, init}, init_stream, optimizer, optimizer_step};
   TableLoad load(*session_, lease, header, ids, route_key_);

@@ -69,8 +69,7 @@ class RemoteTable final : public store::TableHandle {
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
   // DUMP from every shard (a point-in-time snapshot per shard) / a staged load committed on every
   // shard (remote_transfer.h).
-  void scan(const std::function<void(const store::TableScanHeader&)>& on_header,
-            const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
+  void scan_into(const std::function<store::RowArrays(const store::TableScanHeader&)>& allocate) const override;
   store::TableSnapshot snapshot() const override;
   void install(store::RowSet& rows, const store::InitRule& init, uint64_t init_stream,
                const store::OptimizerConfig& optimizer, uint64_t optimizer_step) override;
@@ -92,6 +91,7 @@ class RemoteTable final : public store::TableHandle {
   // The table's id on the shard, valid on the connection the lease holds: after a shard restarted (its
   // epoch moved), a named table is looked up there again and an anonymous one is reported lost.
   uint64_t table_id(RemoteSession::Lease& lease, size_t shard) const;
+  std::vector<uint64_t> shard_table_ids(RemoteSession::Lease& lease) const;  // table_id of every shard
   // Ids per request so that a request or answer of `bytes_per_id` bytes per id stays within a frame.
   static size_t ids_per_request(size_t bytes_per_id);
   // Sends `opcode` to every shard with the ids it owns (in chunks within a frame; no request for a

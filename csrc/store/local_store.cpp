@@ -56,9 +56,8 @@ void LocalTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_
                         bag_grads);
 }
 
-void LocalTable::scan(const std::function<void(const TableScanHeader&)>& on_header,
-                      const std::function<void(uint64_t row_id, const float* record)>& on_row) const {
-  table_->scan(on_header, on_row);
+void LocalTable::scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const {
+  table_->scan_into(allocate);
 }
 
 TableSnapshot LocalTable::snapshot() const { return table_->snapshot(); }

@@ -47,8 +47,7 @@ class LocalTable final : public TableHandle {
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
                      const float* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
-  void scan(const std::function<void(const TableScanHeader&)>& on_header,
-            const std::function<void(uint64_t row_id, const float* record)>& on_row) const override;
+  void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const override;
   TableSnapshot snapshot() const override;
   void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                uint64_t optimizer_step) override;

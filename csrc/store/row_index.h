@@ -43,6 +43,11 @@ class RowIndex {
   // A copy of every row, bucket array and arenas copied whole: a memory copy, no row re-inserted.
   // Throws std::bad_alloc.
   RowIndex copy() const;
+  // Every row's id and record, in slot order, to size() ids and size() records of record_floats floats.
+  void copy_out(uint64_t* ids, float* records) const {
+    ids_.copy_out(reinterpret_cast<std::byte*>(ids));
+    arena_.copy_out(reinterpret_cast<std::byte*>(records));
+  }
 
   // `hash` must be hash_row_id(row_id): callers compute it once and also route by it.
   float* find(uint64_t row_id, uint64_t hash) const {

@@ -70,11 +70,22 @@ SlabArena SlabArena::copy() const {
     const size_t bytes = chunk_rows(chunk) * record_bytes_;
     out.chunks_.push_back(allocate_chunk(bytes));
     out.chunk_bytes_ += bytes;
-    const size_t used_rows = std::min(chunk_rows(chunk), size_ - std::min(size_, chunk_start(chunk)));
-    std::memcpy(out.chunks_.back().get(), chunks_[chunk].get(), used_rows * record_bytes_);
+    std::memcpy(out.chunks_.back().get(), chunks_[chunk].get(), used_rows(chunk) * record_bytes_);
   }
   out.size_ = size_;
   return out;
+}
+
+void SlabArena::copy_out(std::byte* out) const {
+  for (size_t chunk = 0; chunk < chunks_.size(); ++chunk) {
+    const size_t bytes = used_rows(chunk) * record_bytes_;
+    std::memcpy(out, chunks_[chunk].get(), bytes);
+    out += bytes;
+  }
+}
+
+size_t SlabArena::used_rows(size_t chunk) const {
+  return std::min(chunk_rows(chunk), size_ - std::min(size_, chunk_start(chunk)));
 }
 
 size_t SlabArena::push_back() {

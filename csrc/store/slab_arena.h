@@ -54,6 +54,8 @@ class SlabArena {
   // rather than a copy constructor: copying a sub-shard's records is never incidental. Throws
   // std::bad_alloc.
   SlabArena copy() const;
+  // Copies every record, in slot order, to size() * record_bytes() contiguous bytes at `out`.
+  void copy_out(std::byte* out) const;
 
   // Appends an uninitialized record and returns its slot. Throws std::bad_alloc.
   size_t push_back();
@@ -68,6 +70,7 @@ class SlabArena {
  private:
   size_t chunk_start(size_t chunk) const;
   size_t chunk_rows(size_t chunk) const;
+  size_t used_rows(size_t chunk) const;  // the records in use in that chunk
 
   size_t record_bytes_;
   unsigned log_full_rows_;

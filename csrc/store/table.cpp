@@ -508,6 +508,17 @@ void Table::scan(const std::function<void(const TableScanHeader&)>& on_header,
   for (const Shard& shard : shards_) shard.rows.for_each(on_row);
 }
 
+void Table::scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const {
+  const ViewLocks locks = lock_for_view();
+  const TableScanHeader header = scan_header();
+  const RowArrays out = allocate(header);
+  std::array<size_t, kNumShards + 1> first_row{};  // of each sub-shard's rows in the arrays
+  for (size_t s = 0; s < kNumShards; ++s) first_row[s + 1] = first_row[s] + shards_[s].rows.size();
+  run_tasks(kNumShards, threads_for(header.row_count, kCopyRowsPerThread), [&](size_t s) {
+    shards_[s].rows.copy_out(out.ids + first_row[s], out.records + first_row[s] * size_t{record_floats_});
+  });
+}
+
 TableSnapshot Table::snapshot() const {
   const ViewLocks locks = lock_for_view();
   TableSnapshot snapshot{scan_header(), RowSet(record_floats_)};

@@ -93,6 +93,13 @@ struct TableScanHeader {
   uint64_t row_count;
 };
 
+// Where scan_into writes a table's rows: row_count ids, and row_count records of dim + state_floats
+// floats each.
+struct RowArrays {
+  uint64_t* ids;
+  float* records;
+};
+
 // A complete set of rows built off to the side (by a checkpoint load) and then swapped into a table
 // at once with Table::install, so that a table is never seen half loaded.
 class RowSet {
@@ -225,6 +232,11 @@ class Table {
   // and no update is in progress — readers go on, writers and updates wait.
   void scan(const std::function<void(const TableScanHeader&)>& on_header,
             const std::function<void(uint64_t row_id, const float* record)>& on_row) const;
+
+  // The same point-in-time view as scan, written into arrays that allocate(header) returns, in no
+  // particular row order: each sub-shard's ids and records are copied chunk by chunk, on several
+  // threads for a large table.
+  void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const;
 
   // The same point-in-time view as scan, copied: each sub-shard's index and records are copied whole
   // (a memory copy, on several threads for a large table) instead of row by row.

@@ -63,10 +63,10 @@ class TableHandle {
                              int64_t padding_idx, const float* bag_grads) = 0;
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
 
-  // Whole-table snapshots, for torch.save / torch.load of a table (csrc/device/table_serialization.cpp).
-  virtual void scan(const std::function<void(const TableScanHeader&)>& on_header,
-                    const std::function<void(uint64_t row_id, const float* record)>& on_row) const = 0;
-  // scan's view, copied (whole-table copies: copy_, load_state_dict).
+  // Whole tables, for torch.save / torch.load and whole-table copies (csrc/device/table_serialization.cpp):
+  // a point-in-time view (Table::scan) written into arrays (torch.save) or copied into a snapshot
+  // (copy_, load_state_dict), and the rows of a snapshot installed at once.
+  virtual void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const = 0;
   virtual TableSnapshot snapshot() const = 0;
   virtual void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                        uint64_t optimizer_step) = 0;
