@@ -14,6 +14,13 @@ std::vector<ShardBags> split_bags(const store::EmbeddingBag& bag, size_t first_b
   std::vector<ShardBags> shares(num_shards);
   for (size_t b = first_bag; b < end_bag; ++b) {
     for (ShardBags& share : shares) share.offsets.push_back(share.ids.size());
+    if (bag.mode == PoolingMode::Max) {
+      size_t first = bag.bag_begin(b);
+      while (first < bag.bag_end(b) && bag.skips(first)) ++first;
+      for (size_t s = 0; s < num_shards; ++s) {
+        shares[s].ignore_nan.push_back(first < bag.bag_end(b) && owner[first] != s ? 1 : 0);
+      }
+    }
     for (size_t position = bag.bag_begin(b); position < bag.bag_end(b); ++position) {
       ShardBags& share = shares[owner[position]];
       share.ids.push_back(bag.ids[position]);

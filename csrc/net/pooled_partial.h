@@ -7,8 +7,9 @@
 // store's up to the order of float additions); Mean divides that by the total count of non-padding
 // ids; Max takes each element's candidates in the order of their positions in the batch and keeps a
 // later one only if it is greater, so the first of equal maxima wins and a nan that comes first in
-// its bag stays, as on the CPU. (One case differs from the CPU: a nan that is the first row of its
-// shard's share of a bag, but not of the bag, hides the rows after it on that shard.)
+// its bag stays, as on the CPU. A shard whose share of a bag does not hold the bag's first row
+// ignores nan (ignore_nan), as the CPU does after a bag's first row: otherwise a nan first in that
+// share would hide the rows after it there.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,7 @@ struct ShardBags {
   std::vector<uint64_t> offsets;    // bag starts into ids, one per bag of the range
   std::vector<float> weights;       // per-sample weights of ids (when the batch has them)
   std::vector<uint64_t> positions;  // the position in the batch of each of ids
+  std::vector<uint8_t> ignore_nan;  // Max: per bag, whether another shard holds the bag's first row
 };
 
 // `owner[p]` is the shard of the id at batch position p. `bag` must be valid (validate_embedding_bag).

@@ -407,6 +407,7 @@ void encode(Writer& out, const PooledPartialRequest& m) {
   out.put_bool(m.per_sample_weights.has_value());
   if (m.per_sample_weights) out.put_array(*m.per_sample_weights);
   out.put<int64_t>(m.padding_idx);
+  out.put_array(m.ignore_nan);
 }
 void decode(Reader& in, PooledPartialRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
@@ -415,6 +416,7 @@ void decode(Reader& in, PooledPartialRequest& m) {
   m.mode = get_enum<store::PoolingMode, uint8_t>(in, "pooling mode", store::PoolingMode::Max);
   if (in.get_bool("has_per_sample_weights")) m.per_sample_weights = in.get_array<float>("per_sample_weights");
   m.padding_idx = in.get<int64_t>("padding_idx");
+  m.ignore_nan = in.get_array<uint8_t>("ignore_nan");
 }
 
 void encode(Writer& out, const PooledPartialResponse& m) {

@@ -26,7 +26,7 @@
 namespace recdev::net {
 
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
-constexpr uint16_t kProtocolVersion = 2;
+constexpr uint16_t kProtocolVersion = 3;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -238,6 +238,9 @@ struct PooledPartialRequest {
   store::PoolingMode mode = store::PoolingMode::Sum;
   std::optional<std::vector<float>> per_sample_weights;  // Sum only, one per id
   int64_t padding_idx = -1;
+  // Max: one flag per bag, nonzero where another shard holds the bag's first row, so that a nan here
+  // never counts (store::EmbeddingBag::ignore_nan). Empty for Sum and Mean.
+  std::vector<uint8_t> ignore_nan;
 };
 
 struct PooledPartialResponse {

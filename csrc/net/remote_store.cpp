@@ -442,6 +442,7 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
       request.mode = mode;
       if (per_sample_weights != nullptr) request.per_sample_weights = share.weights;
       request.padding_idx = padding_idx;
+      request.ignore_nan = share.ignore_nan;
       calls.push_back(make_call(shard, Opcode::GatherPooledPartial, request));
       chunk.shards.push_back(shard);
     }

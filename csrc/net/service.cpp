@@ -438,6 +438,10 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
   }
   const uint64_t dim = target.table->config().dim;
   const bool max = request.mode == store::PoolingMode::Max;
+  if (request.ignore_nan.size() != (max ? num_bags : 0)) {
+    invalid("ignore_nan holds " + std::to_string(request.ignore_nan.size()) + " flags; mode " +
+            (max ? "Max needs one per bag (" + std::to_string(num_bags) + ")" : std::string("Sum and Mean take none")));
+  }
   check_response_size(num_bags * dim * sizeof(float) * (max ? 2 : 1) + num_bags * sizeof(uint32_t),
                       "GATHER_POOLED_PARTIAL");
   reserve_rows(*target.table, request.ids.data(), n);
@@ -449,7 +453,8 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
   const store::PoolingMode mode = max ? store::PoolingMode::Max : store::PoolingMode::Sum;
   target.table->gather_pooled(request.ids.data(), n, offsets.data(), num_bags, mode,
                               request.per_sample_weights ? request.per_sample_weights->data() : nullptr, false,
-                              request.padding_idx, response.values.data(), max ? positions.data() : nullptr);
+                              request.padding_idx, response.values.data(), max ? positions.data() : nullptr,
+                              max ? request.ignore_nan.data() : nullptr);
   if (max) {
     response.positions.assign(positions.begin(), positions.end());  // < n <= 2^32 / 8: fits in i32
   } else {

@@ -1,6 +1,7 @@
 #include "embedding_bag.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -53,15 +54,21 @@ std::optional<size_t> sum_bag(const EmbeddingBag& bag, size_t begin, size_t end,
   return count;
 }
 
+// Each element's maximum over the bag's non-skipped rows, the first of equal ones; the first row's
+// value stands whatever follows, so a nan there stays (CPU's embedding_bag), and a later nan never
+// counts. With ignore_nan no nan counts, and max_positions (then required) tells which elements
+// took a value (-1: none).
 bool max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows, uint32_t dim, float* out,
-             int64_t* max_positions) {
+             int64_t* max_positions, bool ignore_nan) {
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
     const float* row = rows.next();
     if (row == nullptr) return false;
     for (uint32_t d = 0; d < dim; ++d) {
-      if (first || row[d] > out[d]) {
+      const bool take = ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d])
+                                   : first || row[d] > out[d];
+      if (take) {
         out[d] = row[d];
         if (max_positions != nullptr) max_positions[d] = int64_t(position);
       }
@@ -104,6 +111,9 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   if (bag.per_sample_weights != nullptr && bag.mode != PoolingMode::Sum) {
     invalid("per_sample_weights is only supported for mode='sum'");
   }
+  if (bag.ignore_nan != nullptr && bag.mode != PoolingMode::Max) {
+    invalid("nan can only be ignored in mode='max'");
+  }
   if (bag.padding_idx < -1 || (bag.padding_idx >= 0 && uint64_t(bag.padding_idx) >= num_rows)) {
     invalid("padding_idx must be -1 (none) or a row id in [0, " + std::to_string(num_rows) + "), got " +
             std::to_string(bag.padding_idx));
@@ -120,7 +130,8 @@ bool pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowSou
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
     if (bag.mode == PoolingMode::Max) {
-      if (!max_bag(bag, begin, end, rows, dim, bag_out, bag_positions)) return false;
+      const bool ignore_nan = bag.ignore_nan != nullptr && bag.ignore_nan[b] != 0;
+      if (!max_bag(bag, begin, end, rows, dim, bag_out, bag_positions, ignore_nan)) return false;
       continue;
     }
     const std::optional<size_t> count = sum_bag(bag, begin, end, rows, dim, bag_out);

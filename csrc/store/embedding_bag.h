@@ -21,6 +21,10 @@ struct EmbeddingBag {
   PoolingMode mode;
   const float* per_sample_weights;  // num_ids weights (Sum only), or null
   int64_t padding_idx;              // -1, or a row id whose entries are skipped
+  // Max, with max positions, per bag (or null): where nonzero, a nan never counts, as in a bag's rows
+  // after its first. A remote shard pools its share of a bag so when another shard holds the bag's
+  // first row (net/pooled_partial.h): then the shards' maxima combine into the CPU's result.
+  const uint8_t* ignore_nan = nullptr;
 
   size_t bag_begin(size_t bag) const { return size_t(offsets[bag]); }
   size_t bag_end(size_t bag) const {

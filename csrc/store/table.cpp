@@ -309,9 +309,13 @@ void Table::peek(const uint64_t* ids, size_t n, float* out) const {
 
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                          int64_t padding_idx, float* out, int64_t* max_positions) {
-  const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
+                          int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan) {
+  const EmbeddingBag bag{ids,  num_ids,           offsets,     num_bags, include_last_offset,
+                         mode, per_sample_weights, padding_idx, ignore_nan};
   validate_embedding_bag(bag, num_rows_);
+  if (ignore_nan != nullptr && max_positions == nullptr) {
+    throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: ignoring nan needs the max positions");
+  }
   check_ids(ids, num_ids);
   // Bags are pooled a block at a time: a block holds whole bags and at most kPoolBlockIds ids, unless a
   // single bag is larger.

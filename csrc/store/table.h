@@ -157,10 +157,11 @@ class Table {
 
   // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags * dim;
   // max_positions (Max only, may be null) is num_bags * dim. Materializes the rows it reads; rows
-  // equal to padding_idx are neither read nor materialized.
+  // equal to padding_idx are neither read nor materialized. ignore_nan: EmbeddingBag::ignore_nan
+  // (then max_positions is required).
   void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                      PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                     int64_t padding_idx, float* out, int64_t* max_positions);
+                     int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan = nullptr);
 
   // rows: n * dim floats. With duplicate ids, the last one wins.
   void write(const uint64_t* ids, size_t n, const float* rows);

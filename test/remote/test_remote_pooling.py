@@ -69,3 +69,23 @@ def test_max_ties_keep_the_first_position_across_shards(remote_shards):
     out, _, _, max_indices = torch.ops.aten._embedding_bag(w, ids, torch.tensor([0, 20, 41]), False, 2)
     assert torch.equal(max_indices.cpu(), torch.tensor([0, 20, 41]).unsqueeze(1).expand(3, 4))
     assert torch.equal(out.cpu(), torch.zeros(3, 4))
+
+
+def test_max_with_nan_rows_equals_cpu(remote_shards):
+    # CPU's embedding_bag max keeps a nan only when it is in the bag's first row; a later nan never
+    # counts. A shard whose share of a bag starts with a nan, but does not hold the bag's first row,
+    # must not let that nan hide its later rows (GATHER_POOLED_PARTIAL's ignore_nan).
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(64, 4, generator=gen)
+    values[torch.rand(64, 4, generator=gen) < 0.3] = float("nan")
+    lengths = torch.randint(1, 7, (300,), generator=gen)
+    ids = torch.randint(0, 64, (int(lengths.sum()),), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    expected, _, _, expected_positions = torch.ops.aten._embedding_bag(values, ids, offsets, False, 2)
+    torch_recdev.connect(remote_shards)
+    with torch_recdev.placement("table"):
+        w = torch.empty(64, 4, device="recdev")
+    w.copy_(values)
+    got, _, _, positions = torch.ops.aten._embedding_bag(w, ids, offsets, False, 2)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(positions.cpu(), expected_positions)

@@ -205,7 +205,7 @@ def test_hostile_values_in_valid_frames(server, populated):
         ("SET_INIT", u64(named) + init_rule("normal", 0.0, float("nan")), "InvalidArgument"),
         ("SET_STEP", u64(2**63) + u64(1), "NotFound"),
         ("GATHER_POOLED_PARTIAL", u64(named) + array([1], np.uint64) + array([0], np.uint64) + wire.u8(0) + wire.u8(0)
-         + wire.i64(10**7), "InvalidArgument"),
+         + wire.i64(10**7) + array([], np.uint8), "InvalidArgument"),
         ("COMMIT_LOAD", array([1, 2, 3], np.uint64), "NotFound"),
     ]
     for opcode, payload, expected in attempts:

@@ -180,9 +180,12 @@ def test_gather_pooled_partial(conn):
     rows = conn.gather(table, ids).reshape(-1, DIM)
     weights = np.array([0.5, 2, 1, -1, 3, 1], np.float32)
 
-    def pooled(mode, weights=None, padding_idx=-1):
+    def pooled(mode, weights=None, padding_idx=-1, ignore_nan=None):
+        if ignore_nan is None:
+            ignore_nan = [0] * len(offsets) if mode == 2 else []
         payload = (u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode)
-                   + (u8(1) + array(weights, np.float32) if weights is not None else u8(0)) + i64(padding_idx))
+                   + (u8(1) + array(weights, np.float32) if weights is not None else u8(0)) + i64(padding_idx)
+                   + array(ignore_nan, np.uint8))
         r = wire.Reader(conn.call("GATHER_POOLED_PARTIAL", payload))
         out = r.array(np.float32).reshape(-1, DIM), r.array(np.uint32), r.array(np.int32)
         r.end()
@@ -208,16 +211,38 @@ def test_gather_pooled_partial(conn):
         else:
             np.testing.assert_array_equal(values[bag], rows[b:e].max(0))
             np.testing.assert_array_equal(positions[bag], b + rows[b:e].argmax(0))
+    no_flags = array([], np.uint8)
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array([0, 9], np.uint64) + u8(0) + u8(0) + i64(-1), "past")
+                 u64(table) + array(ids, np.uint64) + array([0, 9], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags,
+                 "past")
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array([1], np.uint64) + u8(0) + u8(0) + i64(-1))
+                 u64(table) + array(ids, np.uint64) + array([1], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags)
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
                  u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(1) + u8(1)
-                 + array(weights, np.float32) + i64(-1), "per_sample_weights")
+                 + array(weights, np.float32) + i64(-1) + no_flags, "per_sample_weights")
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
                  u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(0) + u8(1)
-                 + array(weights[:2], np.float32) + i64(-1), "per_sample_weights")
+                 + array(weights[:2], np.float32) + i64(-1) + no_flags, "per_sample_weights")
+    # ignore_nan: one flag per bag with Max, none with Sum and Mean
+    for mode, flags in ((2, [0, 0]), (2, []), (0, [0, 0, 0, 0]), (1, [1])):
+        expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
+                     u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode) + u8(0) + i64(-1)
+                     + array(flags, np.uint8), "ignore_nan")
+
+
+def test_gather_pooled_partial_max_ignores_nan_where_told(conn):
+    table = conn.create_table(10, 2)
+    nan = float("nan")
+    conn.call("WRITE", u64(table) + array([1, 2, 3], np.uint64)
+              + array([[nan, 1.0], [5.0, nan], [2.0, 7.0]], np.float32))
+    payload = u64(table) + array([1, 2, 3, 1, 2, 3], np.uint64) + array([0, 3], np.uint64) + u8(2) + u8(0) + i64(-1)
+    r = wire.Reader(conn.call("GATHER_POOLED_PARTIAL", payload + array([0, 1], np.uint8)))
+    values, _, positions = r.array(np.float32).reshape(2, 2), r.array(np.uint32), r.array(np.int32).reshape(2, 2)
+    # Bag 0 as the CPU pools it: the first row's nan stays, a later nan never counts.
+    assert np.isnan(values[0, 0]) and positions[0, 0] == 0
+    assert values[0, 1] == 7.0 and positions[0, 1] == 2
+    # Bag 1, whose first row is on another shard: no nan counts.
+    assert values[1].tolist() == [5.0, 7.0] and positions[1].tolist() == [4, 5]
 
 
 def test_dump_and_staged_load(conn, server):

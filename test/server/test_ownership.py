@@ -78,7 +78,8 @@ def test_foreign_rows_refused_and_nothing_changes(shard1):
             ("ERASE", u64(table) + array(batch, np.uint64)),
             ("EXISTS", u64(table) + array(batch, np.uint64)),
             ("GATHER_STATE", u64(table) + array(batch, np.uint64)),
-            ("GATHER_POOLED_PARTIAL", u64(table) + array(batch, np.uint64) + offsets + u8(0) + u8(0) + i64(-1)),
+            ("GATHER_POOLED_PARTIAL",
+             u64(table) + array(batch, np.uint64) + offsets + u8(0) + u8(0) + i64(-1) + array([], np.uint8)),
             ("WRITE_BYTES", u64(table) + u64(foreign * 8) + array(np.zeros(8), np.uint8)),
         ]:
             with pytest.raises(ServerError) as info:
