@@ -120,13 +120,29 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     assert int(on_restarted.sum()) == restarted_rows
 
 
+def stop_process(proc):
+    """SIGSTOP, then wait until every thread of the process is stopped: the signal only marks them,
+    and a thread running on another core could still answer a request sent right after kill()."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{proc.pid}/task"):
+            with open(f"/proc/{proc.pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"recdev-server {proc.pid} did not stop: thread states {states}"
+        time.sleep(0.01)
+
+
 def test_a_hung_shard_times_out(start_shards):
     servers = start_shards(2)
     torch_recdev.connect(local_shards.server_list(servers), timeout=1.5)
     table = shared_table("hung")
     keys = torch.arange(0, ROWS, 3)
     step_all(table, keys)
-    servers[0].proc.send_signal(signal.SIGSTOP)
+    stop_process(servers[0].proc)
     try:
         start = time.monotonic()
         with pytest.raises(ConnectionError, match=r"\(shard 0 of 2\), [A-Z_]+: no answer within 1.5 s"):
