@@ -15,10 +15,11 @@ namespace recdev::store {
 namespace {
 
 constexpr size_t kRegionBytes = size_t{2} << 20;
-// Pooled chunk sizes: below, a chunk is a small arena's and operator new is as good; above, a region
-// would hold too few chunks for its unused tail to stay small.
+// Pooled chunk sizes: below, a chunk is a small arena's and operator new is as good; up to
+// kMaxAnyPooledBytes a region's unused tail is at most 1/32 of it; above, only sizes that divide a
+// region exactly (the power-of-two bucket arrays of row indexes) are pooled, so that none is lost.
 constexpr size_t kMinPooledBytes = size_t{4} << 10;
-constexpr size_t kMaxPooledBytes = size_t{64} << 10;
+constexpr size_t kMaxAnyPooledBytes = size_t{64} << 10;
 
 struct Region {
   std::byte* base;
@@ -54,10 +55,28 @@ class Pool {
     return region.base + slot * chunk_bytes;
   }
 
+  // A mapping of its own, `bytes` a multiple of kRegionBytes.
+  std::byte* allocate_whole_regions(size_t bytes) {
+    std::byte* base = map_aligned(bytes);
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      whole_regions_.emplace(reinterpret_cast<uintptr_t>(base), bytes);
+    } catch (...) {
+      unmap(base, bytes);
+      throw;
+    }
+    return base;
+  }
+
   // Returns false, doing nothing, for memory that is not the pool's.
   bool release(std::byte* chunk) noexcept {
     const uintptr_t base = reinterpret_cast<uintptr_t>(chunk) & ~uintptr_t{kRegionBytes - 1};
     std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto whole = whole_regions_.find(reinterpret_cast<uintptr_t>(chunk)); whole != whole_regions_.end()) {
+      unmap(chunk, whole->second);
+      whole_regions_.erase(whole);
+      return true;
+    }
     const auto found = regions_.find(base);
     if (found == regions_.end()) return false;
     Region& region = *found->second;
@@ -68,7 +87,7 @@ class Pool {
     if (region.in_use == 0) {
       if (was_listed) unlink(head, &region);
       slack_ -= kRegionBytes;
-      unmap(region.base);
+      unmap(region.base, kRegionBytes);
       regions_.erase(found);
       return true;
     }
@@ -84,7 +103,7 @@ class Pool {
 
  private:
   Region* map_region(size_t chunk_bytes) {
-    std::byte* base = map_aligned();
+    std::byte* base = map_aligned(kRegionBytes);
     try {
       auto region = std::make_unique<Region>();
       region->base = base;
@@ -96,7 +115,7 @@ class Pool {
       slack_ += kRegionBytes;
       return result;
     } catch (...) {
-      unmap(base);
+      unmap(base, kRegionBytes);
       throw;
     }
   }
@@ -114,25 +133,26 @@ class Pool {
     region->prev = region->next = nullptr;
   }
 
-  static std::byte* map_aligned() {
+  // `bytes` (a multiple of kRegionBytes) aligned to a region, advised onto huge pages.
+  static std::byte* map_aligned(size_t bytes) {
 #if defined(__linux__)
-    // Twice the size, then the unaligned ends cut off: mmap only promises page alignment.
-    void* mapped = mmap(nullptr, 2 * kRegionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // A region more than asked, then the unaligned ends cut off: mmap only promises page alignment.
+    void* mapped = mmap(nullptr, bytes + kRegionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mapped == MAP_FAILED) throw std::bad_alloc();
     const uintptr_t start = reinterpret_cast<uintptr_t>(mapped);
     const uintptr_t aligned = (start + kRegionBytes - 1) & ~uintptr_t{kRegionBytes - 1};
     if (aligned > start) munmap(mapped, aligned - start);
-    munmap(reinterpret_cast<void*>(aligned + kRegionBytes), start + kRegionBytes - aligned);
-    madvise(reinterpret_cast<void*>(aligned), kRegionBytes, MADV_HUGEPAGE);  // a hint: no THP is fine
+    munmap(reinterpret_cast<void*>(aligned + bytes), start + kRegionBytes - aligned);
+    madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint: no THP is fine
     return reinterpret_cast<std::byte*>(aligned);
 #else
-    return static_cast<std::byte*>(::operator new(kRegionBytes, std::align_val_t{kRegionBytes}));
+    return static_cast<std::byte*>(::operator new(bytes, std::align_val_t{kRegionBytes}));
 #endif
   }
 
-  static void unmap(std::byte* base) noexcept {
+  static void unmap(std::byte* base, size_t bytes) noexcept {
 #if defined(__linux__)
-    munmap(base, kRegionBytes);
+    munmap(base, bytes);
 #else
     ::operator delete(base, std::align_val_t{kRegionBytes});
 #endif
@@ -141,6 +161,7 @@ class Pool {
   std::mutex mutex_;
   std::unordered_map<uintptr_t, std::unique_ptr<Region>> regions_;  // by base address
   std::unordered_map<size_t, Region*> with_room_;                   // by chunk size: list heads
+  std::unordered_map<uintptr_t, size_t> whole_regions_;             // by base address: bytes
   size_t slack_ = 0;
 };
 
@@ -150,7 +171,9 @@ Pool& pool() {
   return *instance;
 }
 
-bool pooled(size_t bytes) { return bytes >= kMinPooledBytes && bytes <= kMaxPooledBytes; }
+bool pooled(size_t bytes) {
+  return bytes >= kMinPooledBytes && (bytes <= kMaxAnyPooledBytes || (bytes <= kRegionBytes && kRegionBytes % bytes == 0));
+}
 
 }  // namespace
 
@@ -160,6 +183,7 @@ void ChunkDeleter::operator()(std::byte* chunk) const noexcept {
 
 ChunkPtr allocate_chunk(size_t bytes) {
   if (pooled(bytes)) return ChunkPtr(pool().allocate(bytes));
+  if (bytes > kRegionBytes && bytes % kRegionBytes == 0) return ChunkPtr(pool().allocate_whole_regions(bytes));
   return ChunkPtr(new std::byte[bytes]);
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <string>
 
 #include "errors.h"
@@ -35,14 +34,12 @@ void add_row(float* out, const float* row, uint32_t dim, Scale scale) {
 }
 
 // Adds every non-skipped row of a bag into out, scaled by its per-sample weight when there is one,
-// and returns how many rows it took, or nullopt when `rows` ran out.
-std::optional<size_t> sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows, uint32_t dim,
-                              float* out) {
+// and returns how many rows it took.
+size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, uint32_t dim, float* out) {
   size_t count = 0;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
     const float* row = rows.next();
-    if (row == nullptr) return std::nullopt;
     if (bag.per_sample_weights != nullptr) {
       const float weight = bag.per_sample_weights[position];
       add_row(out, row, dim, [weight](float value) { return weight * value; });
@@ -58,13 +55,12 @@ std::optional<size_t> sum_bag(const EmbeddingBag& bag, size_t begin, size_t end,
 // value stands whatever follows, so a nan there stays (CPU's embedding_bag), and a later nan never
 // counts. With ignore_nan no nan counts, and max_positions (then required) tells which elements
 // took a value (-1: none).
-bool max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows, uint32_t dim, float* out,
+void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, uint32_t dim, float* out,
              int64_t* max_positions, bool ignore_nan) {
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
     const float* row = rows.next();
-    if (row == nullptr) return false;
     for (uint32_t d = 0; d < dim; ++d) {
       const bool take = ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d])
                                    : first || row[d] > out[d];
@@ -75,7 +71,6 @@ bool max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowSource& rows,
     }
     first = false;
   }
-  return true;
 }
 
 }  // namespace
@@ -86,7 +81,6 @@ RowPointers::RowPointers(const float* const* rows, size_t count, uint32_t dim)
 }
 
 const float* RowPointers::next() {
-  if (next_ == count_) return nullptr;
   if (next_ + kAhead < count_) prefetch_range(rows_[next_ + kAhead], row_bytes_);
   return rows_[next_++];
 }
@@ -120,7 +114,7 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   }
 }
 
-bool pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowSource& rows, uint32_t dim, float* out,
+void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, uint32_t dim, float* out,
                int64_t* max_positions) {
   for (size_t b = first_bag; b < end_bag; ++b) {
     float* bag_out = out + b * dim;
@@ -131,16 +125,14 @@ bool pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowSou
     const size_t end = bag.bag_end(b);
     if (bag.mode == PoolingMode::Max) {
       const bool ignore_nan = bag.ignore_nan != nullptr && bag.ignore_nan[b] != 0;
-      if (!max_bag(bag, begin, end, rows, dim, bag_out, bag_positions, ignore_nan)) return false;
+      max_bag(bag, begin, end, rows, dim, bag_out, bag_positions, ignore_nan);
       continue;
     }
-    const std::optional<size_t> count = sum_bag(bag, begin, end, rows, dim, bag_out);
-    if (!count) return false;
-    if (bag.mode == PoolingMode::Mean && *count > 0) {
-      for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(*count);
+    const size_t count = sum_bag(bag, begin, end, rows, dim, bag_out);
+    if (bag.mode == PoolingMode::Mean && count > 0) {
+      for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
     }
   }
-  return true;
 }
 
 }  // namespace recdev::store

@@ -38,22 +38,13 @@ struct EmbeddingBag {
 // the table. Row ids are the table's to check.
 void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows);
 
-// Where pool_bags takes its rows: next() gives the row (dim floats) of the bags' next non-skipped
-// id, in order, or null when that row is not at hand, which stops the pooling.
-class RowSource {
- public:
-  virtual const float* next() = 0;
-
- protected:
-  ~RowSource() = default;
-};
-
-// Rows located beforehand: rows[k] for the k-th non-skipped id, anywhere in memory, each prefetched a
-// few rows ahead of its turn.
-class RowPointers final : public RowSource {
+// Where pool_bags takes its rows: rows[k] (dim floats) for the k-th non-skipped id of the bags,
+// anywhere in memory, each prefetched a few rows ahead of its turn.
+class RowPointers {
  public:
   RowPointers(const float* const* rows, size_t count, uint32_t dim);
-  const float* next() override;
+  // The next row, in order; there must be one.
+  const float* next();
 
  private:
   static constexpr size_t kAhead = 8;
@@ -64,12 +55,11 @@ class RowPointers final : public RowSource {
 };
 
 // Pools bags [first_bag, end_bag) into out (dim floats per bag, indexed by bag number), taking their
-// rows from `rows`. Empty bags give zeros; Mean divides by the number of non-skipped ids; Max keeps
-// the first of equal maxima and, when max_positions is not null, records per element the position
-// in ids of the maximum (-1 for an empty bag), exactly as embedding_bag on CPU does (a nan stays only
-// if it comes first in its bag). Returns false as soon as `rows` has no row at hand; the bags'
-// outputs are then partly written.
-bool pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowSource& rows, uint32_t dim, float* out,
+// rows from `rows`, which holds one for each of their non-skipped ids. Empty bags give zeros; Mean
+// divides by the number of non-skipped ids; Max keeps the first of equal maxima and, when
+// max_positions is not null, records per element the position in ids of the maximum (-1 for an
+// empty bag), exactly as embedding_bag on CPU does (a nan stays only if it comes first in its bag).
+void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, uint32_t dim, float* out,
                int64_t* max_positions);
 
 }  // namespace recdev::store

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "errors.h"
@@ -13,6 +14,8 @@ namespace {
 constexpr size_t kMinCapacity = 16;
 // About 3.4e9 rows per sub-shard at the maximum load factor.
 constexpr size_t kMaxCapacity = size_t{1} << 32;
+// Bucket arrays from this size on come from the chunk pool (chunk_pool.h), on huge pages.
+constexpr size_t kMinPooledBucketBytes = size_t{128} << 10;
 
 size_t record_bytes_for(uint32_t record_floats) { return std::max<size_t>(1, record_floats) * sizeof(float); }
 
@@ -31,17 +34,21 @@ void RowIndex::insert_bucket(const Bucket& entry) {
   buckets_[bucket] = entry;
 }
 
+ChunkPtr RowIndex::allocate_buckets(size_t capacity) {
+  static_assert(std::is_trivially_copyable_v<Bucket> && alignof(Bucket) <= alignof(std::max_align_t));
+  const size_t bytes = capacity * sizeof(Bucket);
+  // Small arrays stay off the pool: a few pages need no huge one, and as a table's sub-shards outgrow
+  // theirs together, the freed arrays would leave holes in the regions the records' chunks share.
+  if (bytes < kMinPooledBucketBytes) return ChunkPtr(new std::byte[bytes]);
+  return allocate_chunk(bytes);
+}
+
 void RowIndex::rehash(size_t new_capacity) {
-  std::unique_ptr<Bucket[]> old_buckets = std::move(buckets_);
-  const size_t old_capacity = capacity_;
-  try {
-    buckets_.reset(new Bucket[new_capacity]);
-  } catch (...) {
-    buckets_ = std::move(old_buckets);
-    throw;
-  }
-  std::fill(buckets_.get(), buckets_.get() + new_capacity, Bucket{0, kNoSlot});
-  capacity_ = new_capacity;
+  ChunkPtr new_memory = allocate_buckets(new_capacity);  // throws with the index unchanged
+  const ChunkPtr old_memory = std::exchange(bucket_memory_, std::move(new_memory));
+  const Bucket* const old_buckets = std::exchange(buckets_, reinterpret_cast<Bucket*>(bucket_memory_.get()));
+  std::fill(buckets_, buckets_ + new_capacity, Bucket{0, kNoSlot});
+  const size_t old_capacity = std::exchange(capacity_, new_capacity);
   mask_ = new_capacity - 1;
   for (size_t bucket = 0; bucket < old_capacity; ++bucket) {
     if (old_buckets[bucket].slot != kNoSlot) insert_bucket(old_buckets[bucket]);
@@ -53,8 +60,9 @@ RowIndex RowIndex::copy() const {
   out.arena_ = arena_.copy();
   out.ids_ = ids_.copy();
   if (capacity_ != 0) {
-    out.buckets_.reset(new Bucket[capacity_]);
-    std::copy(buckets_.get(), buckets_.get() + capacity_, out.buckets_.get());
+    out.bucket_memory_ = allocate_buckets(capacity_);
+    out.buckets_ = reinterpret_cast<Bucket*>(out.bucket_memory_.get());
+    std::copy(buckets_, buckets_ + capacity_, out.buckets_);
   }
   out.capacity_ = capacity_;
   out.mask_ = mask_;
@@ -64,21 +72,23 @@ RowIndex RowIndex::copy() const {
 RowIndex::RowIndex(RowIndex&& other) noexcept
     : arena_(std::move(other.arena_)),
       ids_(std::move(other.ids_)),
-      buckets_(std::move(other.buckets_)),
+      bucket_memory_(std::move(other.bucket_memory_)),
+      buckets_(std::exchange(other.buckets_, nullptr)),
       capacity_(std::exchange(other.capacity_, 0)),
       mask_(std::exchange(other.mask_, 0)) {}
 
 RowIndex& RowIndex::operator=(RowIndex&& other) noexcept {
   arena_ = std::move(other.arena_);
   ids_ = std::move(other.ids_);
-  buckets_ = std::move(other.buckets_);
+  bucket_memory_ = std::move(other.bucket_memory_);
+  buckets_ = std::exchange(other.buckets_, nullptr);
   capacity_ = std::exchange(other.capacity_, 0);
   mask_ = std::exchange(other.mask_, 0);
   return *this;
 }
 
 std::pair<float*, bool> RowIndex::find_or_insert(uint64_t row_id, uint64_t hash) {
-  if (float* existing = find(row_id, hash)) return {existing, false};
+  if (float* existing = find(hash)) return {existing, false};
   const size_t rows = arena_.size() + 1;
   if (over_max_load(rows, capacity_)) {
     const size_t new_capacity = capacity_ == 0 ? kMinCapacity : capacity_ * 2;
@@ -162,7 +172,8 @@ bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
 void RowIndex::clear() {
   arena_.clear();
   ids_.clear();
-  buckets_.reset();
+  bucket_memory_.reset();
+  buckets_ = nullptr;
   capacity_ = 0;
   mask_ = 0;
 }

@@ -20,9 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <utility>
 
+#include "chunk_pool.h"
 #include "mix64.h"
 #include "prefetch.h"
 #include "slab_arena.h"
@@ -49,23 +49,17 @@ class RowIndex {
     arena_.copy_out(reinterpret_cast<std::byte*>(records));
   }
 
-  // `hash` must be hash_row_id(row_id): callers compute it once and also route by it.
-  float* find(uint64_t row_id, uint64_t hash) const {
+  // The record of the row whose hash_row_id is `hash` (a bijection: the hash alone names the row),
+  // or null. Callers compute the hash once and also route by it.
+  float* find(uint64_t hash) const {
     const Location found = locate(hash);
     return found.slot != kNoSlot ? floats_at(found.slot) : nullptr;
   }
 
-  // Prefetch hints for batch lookups, which overlap the cache misses of many rows instead of paying
-  // them one after another: prefetch_bucket(hash) a few rows ahead; prefetch_record(hash, bytes), for
-  // the first `bytes` bytes of the record the bucket points to, once the bucket has arrived; then
-  // find() when the row is due. Hints never fault and change nothing.
+  // A prefetch hint for batch lookups, which overlap the cache misses of many rows instead of paying
+  // them one after another: prefetch_bucket(hash) a few rows before find(hash). Never faults.
   void prefetch_bucket(uint64_t hash) const {
     if (capacity_ != 0) prefetch(&buckets_[hash & mask_]);
-  }
-  void prefetch_record(uint64_t hash, size_t bytes) const {
-    if (bytes == 0) return;
-    const size_t slot = locate(hash).slot;
-    if (slot != kNoSlot) prefetch_range(arena_.record(slot), bytes);
   }
 
   // Returns the row's record and whether this call created it; a created record's floats are
@@ -116,9 +110,13 @@ class RowIndex {
   void insert_bucket(const Bucket& entry);  // into a bucket array with room
   void rehash(size_t new_capacity);
 
+  // capacity buckets from the chunk pool (on huge pages once large: every lookup reads a random one).
+  static ChunkPtr allocate_buckets(size_t capacity);
+
   SlabArena arena_;  // the records: record_floats floats each
   SlabArena ids_;    // the row id of each slot
-  std::unique_ptr<Bucket[]> buckets_;
+  ChunkPtr bucket_memory_;
+  Bucket* buckets_ = nullptr;  // in bucket_memory_
   size_t capacity_ = 0;  // a power of two, or 0 before the first insert
   size_t mask_ = 0;
 };

@@ -263,9 +263,9 @@ class Table {
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
   void write_rows(const uint64_t* ids, size_t n, const std::byte* rows);
-  // gather_pooled's fast path for one block of bags: pools straight from the rows, found in bag order
-  // under the read locks of all their sub-shards. Returns false if some row is not materialized (the
-  // block's outputs are then partly written). block_ids are the bags' ids but the skipped ones.
+  // gather_pooled's fast path for one block of bags: pools straight from the rows, all found first,
+  // under the read locks of all their sub-shards. Returns false, writing nothing, if some row is not
+  // materialized. block_ids are the bags' ids but the skipped ones.
   bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
                      float* out, int64_t* max_positions) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);

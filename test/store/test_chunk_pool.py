@@ -1,6 +1,7 @@
-"""The chunk pool under the tables' records (csrc/store/chunk_pool.h): full-size chunks come from
-2 MiB regions on transparent huge pages, freed chunks are reused, and regions go back to the
-system once empty, so the memory outside the tables' own count stays a few regions."""
+"""The chunk pool under the tables' records and row indexes (csrc/store/chunk_pool.h): full-size
+chunks and large bucket arrays come from 2 MiB regions on transparent huge pages, freed chunks are
+reused, and regions go back to the system once empty, so the memory outside the tables' own count
+stays a few regions."""
 
 import re
 
@@ -43,17 +44,51 @@ def test_freed_chunks_are_reused_and_rows_keep_their_values(store_mod):
     assert table.stats().rows == 20_000
 
 
-def test_records_sit_on_huge_pages_when_the_kernel_allows(store_mod):
+def _thp_mode():
     with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-        mode = re.search(r"\[(\w+)\]", f.read()).group(1)
-    if mode == "never":
+        return re.search(r"\[(\w+)\]", f.read()).group(1)
+
+
+def _huge_bytes():
+    with open("/proc/self/smaps_rollup") as f:
+        return int(re.search(r"AnonHugePages:\s+(\d+) kB", f.read()).group(1)) * 1024
+
+
+def test_records_sit_on_huge_pages_when_the_kernel_allows(store_mod):
+    if _thp_mode() == "never":
         pytest.skip("transparent huge pages are off on this machine")
-
-    def huge_bytes():
-        with open("/proc/self/smaps_rollup") as f:
-            return int(re.search(r"AnonHugePages:\s+(\d+) kB", f.read()).group(1)) * 1024
-
-    before = huge_bytes()
+    before = _huge_bytes()
     store, table, _ = filled_table(store_mod, 60_000)  # ~31 MiB of records
     # Huge pages are a request the kernel may refuse when memory is fragmented; most should be granted.
-    assert huge_bytes() - before >= 8 * REGION
+    assert _huge_bytes() - before >= 8 * REGION
+
+
+def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
+    # 7M rows over 64 sub-shards: each sub-shard's bucket array grows through the pooled sizes
+    # (128 KiB - 2 MiB) to 4 MiB, a mapping of its own; 256 MiB of buckets in all, one random line of
+    # them read per lookup.
+    mode = _thp_mode()
+    rows, dim = 7_000_000, 1
+    before_huge = _huge_bytes()
+    baseline_slack = store_mod.pooled_chunk_slack_bytes()
+    store = store_mod.Store()
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=rows, dim=dim)))
+    ids = np.arange(rows, dtype=np.uint64)
+    for start in range(0, rows, 1 << 20):
+        chunk = ids[start:start + (1 << 20)]
+        table.write(chunk, chunk.astype(np.float32).reshape(-1, 1))
+    held = table.stats().bytes
+    records_and_ids = rows * (dim * 4 + 8)
+    bucket_bytes = held - records_and_ids
+    assert bucket_bytes >= 64 * (4 << 20)
+    if mode != "never":
+        assert _huge_bytes() - before_huge >= bucket_bytes // 2
+    # Whole-region arrays leave no slack; the pooled sizes the arrays grew through were freed.
+    assert store_mod.pooled_chunk_slack_bytes() - baseline_slack <= 3 * REGION
+    sample = np.random.default_rng(0).choice(ids, 10_000, replace=False)
+    np.testing.assert_array_equal(table.gather(sample).ravel(), sample.astype(np.float32))
+    table.erase(ids)
+    assert table.stats().rows == 0
+    assert store_mod.pooled_chunk_slack_bytes() <= baseline_slack + 3 * REGION
+    if mode != "never":
+        assert _huge_bytes() - before_huge < bucket_bytes // 4
