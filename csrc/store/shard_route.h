@@ -32,13 +32,6 @@ class ShardRoute {
   size_t position(size_t entry) const { return positions_[entry]; }  // index of the id in the batch
   uint64_t hash(size_t entry) const { return hashes_[entry]; }
 
-  // Copies entry `from` to entry `to` (to <= from, same sub-shard). A pass over a sub-shard uses it
-  // to compact the entries it left for a second pass to the front of the sub-shard's range.
-  void keep(size_t to, size_t from) {
-    positions_[to] = positions_[from];
-    hashes_[to] = hashes_[from];
-  }
-
  private:
   std::unique_ptr<size_t[]> positions_;
   std::unique_ptr<uint64_t[]> hashes_;

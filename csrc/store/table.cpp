@@ -17,11 +17,10 @@ namespace {
 
 // A record of at most 1 GiB keeps every size computation far from overflow.
 constexpr uint64_t kMaxRecordFloats = uint64_t{1} << 28;
-// gather_pooled pools this many ids at a time, holding the read locks of all the sub-shards they are
-// in: enough for each sub-shard's share of a block to be worth its lock, few enough that the locks are
-// held briefly (tens of microseconds) and that the pages of the block's rows, which are found a
-// sub-shard at a time and then read in bag order, stay in the TLB in between.
-constexpr size_t kPoolBlockIds = 1024;
+// Gathers read, and gather_pooled pools, this many ids at a time in batch order, holding the read
+// locks of all the sub-shards they are in: enough for each sub-shard's share of a block to be worth
+// its lock, few enough that the locks are held briefly (tens of microseconds).
+constexpr size_t kLockedBlockIds = 1024;
 // Batches of at least this many ids spread an update over more than one thread.
 constexpr size_t kUpdateIdsPerThread = 4096;
 // Gradient rows per task of the finite check: 64 KiB at dim 128.
@@ -253,43 +252,69 @@ float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {
   return record;
 }
 
+void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const {
+  for (auto& lock : found.locks) {
+    if (lock.owns_lock()) lock.unlock();
+  }
+  found.hashes.resize(count);
+  found.index_of_row.resize(count);
+  found.records.resize(count);
+  std::array<bool, kNumShards> touched{};
+  for (size_t k = 0; k < count; ++k) {
+    found.hashes[k] = hash_row_id(ids[k]);
+    const size_t s = shard_of(found.hashes[k]);
+    found.index_of_row[k] = &shards_[s].rows;
+    touched[s] = true;
+  }
+  for (size_t s = 0; s < kNumShards; ++s) {
+    if (touched[s]) found.locks[s] = std::shared_lock<std::shared_mutex>(shards_[s].mutex);
+  }
+  find_records([&](size_t k) -> const RowIndex& { return *found.index_of_row[k]; }, count,
+               [&](size_t k) { return found.hashes[k]; }, found.records.data());
+}
+
 void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const {
   const size_t row_bytes = size_t{dim_} * sizeof(float);
-  ShardRoute route(ids, n);
-  std::vector<float> init_value;  // ComputeInit only: the init value of a row that is not materialized
   const RowCopier copier(out, n * row_bytes, row_bytes);
-  for (size_t s = 0; s < kNumShards; ++s) {
-    const size_t begin = route.begin(s);
-    const size_t end = route.end(s);
-    if (begin == end) continue;
-    Shard& shard = shards_[s];
-    // First pass under the read lock: copy out every materialized row; set aside the others.
-    size_t missing_end = begin;
-    {
-      std::shared_lock<std::shared_mutex> lock(shard.mutex);
-      for_each_prefetched(
-          shard.rows, end - begin, row_bytes, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
-          [&](size_t k, const float* record) {
-            const size_t entry = begin + k;
-            const size_t position = route.position(entry);
-            if (record != nullptr) {
-              copier.copy(out + position * row_bytes, record);
-            } else if (policy == MissPolicy::ComputeInit) {
-              init_value.resize(dim_);
-              fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());
-              std::memcpy(out + position * row_bytes, init_value.data(), row_bytes);
-            } else {
-              route.keep(missing_end++, entry);
-            }
-          });
+  const size_t ahead = records_ahead(row_bytes);
+  std::vector<float> init_value;   // ComputeInit only: the init value of a row that is not materialized
+  std::vector<uint64_t> missing;   // Materialize only: the rows that are not materialized, and
+  std::vector<size_t> missing_at;  // where in the batch
+  // First pass, a block at a time in batch order (so that the output is written in order and no
+  // per-sub-shard pipeline restarts): copy out every materialized row under the read locks.
+  LockedRecords found;
+  for (size_t begin = 0; begin < n; begin += kLockedBlockIds) {
+    const size_t count = std::min(kLockedBlockIds, n - begin);
+    find_in_batch_order(ids + begin, count, found);
+    for (size_t k = 0; k < std::min(count, ahead); ++k) {
+      if (found.records[k] != nullptr) prefetch_range(found.records[k], row_bytes);
     }
-    if (missing_end == begin) continue;
-    // Second pass under the write lock: materialize what was missing (another thread may have
-    // materialized, or written, some of it in between; materialize() then finds it).
+    for (size_t k = 0; k < count; ++k) {
+      if (k + ahead < count && found.records[k + ahead] != nullptr) prefetch_range(found.records[k + ahead], row_bytes);
+      const size_t position = begin + k;
+      if (found.records[k] != nullptr) {
+        copier.copy(out + position * row_bytes, found.records[k]);
+      } else if (policy == MissPolicy::ComputeInit) {
+        init_value.resize(dim_);
+        fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());
+        std::memcpy(out + position * row_bytes, init_value.data(), row_bytes);
+      } else {
+        missing.push_back(ids[position]);
+        missing_at.push_back(position);
+      }
+    }
+  }
+  found = LockedRecords{};  // unlocks
+  // Second pass under the write locks, a sub-shard at a time: materialize what was missing (another
+  // thread may have materialized, or written, some of it in between; materialize() then finds it).
+  const ShardRoute route(missing.data(), missing.size());
+  for (size_t s = 0; s < kNumShards; ++s) {
+    if (route.begin(s) == route.end(s)) continue;
+    Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    for (size_t entry = begin; entry < missing_end; ++entry) {
-      const size_t position = route.position(entry);
-      std::memcpy(out + position * row_bytes, materialize(shard, ids[position], route.hash(entry)), row_bytes);
+    for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      const size_t k = route.position(entry);
+      std::memcpy(out + missing_at[k] * row_bytes, materialize(shard, missing[k], route.hash(entry)), row_bytes);
     }
   }
   reads_.fetch_add(n, std::memory_order_relaxed);
@@ -348,20 +373,23 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: ignoring nan needs the max positions");
   }
   check_ids(ids, num_ids);
-  // Bags are pooled a block at a time: a block holds whole bags and at most kPoolBlockIds ids, unless a
+  // Bags are pooled a block at a time: a block holds whole bags and at most kLockedBlockIds ids, unless a
   // single bag is larger.
   std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
   std::vector<const float*> rows;   // the gathered row of each of block_ids
   std::vector<float> gathered;
+  LockedRecords found;
   for (size_t first_bag = 0; first_bag < num_bags;) {
     const size_t begin = bag.bag_begin(first_bag);
     size_t end_bag = first_bag + 1;
-    while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kPoolBlockIds) ++end_bag;
+    while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kLockedBlockIds) ++end_bag;
     block_ids.clear();
     for (size_t position = begin; position < bag.bag_end(end_bag - 1); ++position) {
       if (!bag.skips(position)) block_ids.push_back(ids[position]);
     }
-    if (!pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions)) {
+    const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
+    found = LockedRecords{};  // unlocks: the fallback below may materialize
+    if (!pooled) {
       // Some rows are not materialized: gather copies, which materializes them, and pool those.
       gathered.resize(block_ids.size() * dim_);
       read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()),
@@ -376,31 +404,15 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
 }
 
 bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag,
-                          const std::vector<uint64_t>& block_ids, float* out, int64_t* max_positions) const {
-  const size_t n = block_ids.size();
-  std::vector<uint64_t> hashes(n);
-  std::vector<const RowIndex*> shard_of_row(n);
-  std::array<bool, kNumShards> touched{};
-  for (size_t k = 0; k < n; ++k) {
-    hashes[k] = hash_row_id(block_ids[k]);
-    const size_t s = shard_of(hashes[k]);
-    shard_of_row[k] = &shards_[s].rows;
-    touched[s] = true;
-  }
-  // Read-locked in index order, as everywhere, for the whole block: its rows are pooled in bag order.
-  std::array<std::shared_lock<std::shared_mutex>, kNumShards> locks;
-  for (size_t s = 0; s < kNumShards; ++s) {
-    if (touched[s]) locks[s] = std::shared_lock<std::shared_mutex>(shards_[s].mutex);
-  }
+                          const std::vector<uint64_t>& block_ids, float* out, int64_t* max_positions,
+                          LockedRecords& found) const {
   // Every record found first, then pooled in bag order from prefetched pointers (for_each_prefetched
   // says why).
-  std::vector<const float*> records(n);
-  find_records([&](size_t k) -> const RowIndex& { return *shard_of_row[k]; }, n,
-               [&](size_t k) { return hashes[k]; }, records.data());
-  if (std::find(records.begin(), records.end(), nullptr) != records.end()) return false;
-  RowPointers rows(records.data(), n, dim_);
+  find_in_batch_order(block_ids.data(), block_ids.size(), found);
+  if (std::find(found.records.begin(), found.records.end(), nullptr) != found.records.end()) return false;
+  RowPointers rows(found.records.data(), found.records.size(), dim_);
   pool_bags(bag, first_bag, end_bag, rows, dim_, out, max_positions);
-  reads_.fetch_add(n, std::memory_order_relaxed);
+  reads_.fetch_add(block_ids.size(), std::memory_order_relaxed);
   return true;
 }
 

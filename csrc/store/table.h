@@ -14,11 +14,11 @@
 //
 // Thread safety: every method may be called concurrently with every other. Rows are spread over
 // kNumShards sub-shards (shard_route.h), each guarded by a reader-writer lock; a row is only copied in
-// or out under its sub-shard's lock, so no reader sees a torn row and no write is lost. Batches take
-// each sub-shard's lock once, so a large write blocks readers of one sub-shard at a time, for a
-// 1/kNumShards share of the batch, rather than the whole table for all of it. (gather_pooled is the
-// exception: to pool straight from the rows, in bag order, it holds the read locks of all the
-// sub-shards of a block of about a thousand ids at once, so a writer may wait for such a block.)
+// or out under its sub-shard's lock, so no reader sees a torn row and no write is lost. Writing
+// batches take each sub-shard's lock once, so a large write blocks readers of one sub-shard at a time,
+// for a 1/kNumShards share of the batch, rather than the whole table for all of it. Reading batches
+// (gather, peek, gather_pooled) go in batch order instead, a block of about a thousand ids at a time,
+// holding the read locks of all the block's sub-shards, so a writer may wait for such a block.
 // Whole-table operations (set_init, set_optimizer, install, scan) hold every sub-shard's lock, so
 // they are atomic with respect to batches. A large update spreads its sub-shards over the machine's
 // cores, each sub-shard updated by one thread under its lock.
@@ -258,7 +258,20 @@ class Table {
     RowIndex rows;
   };
 
+  // A block of a batch's rows found in batch order (find_in_batch_order): the read locks of every
+  // sub-shard they are in, and each row's record, null if it is not materialized. The records stay
+  // valid while the locks are held; the vectors are scratch reused from block to block.
+  struct LockedRecords {
+    std::array<std::shared_lock<std::shared_mutex>, kNumShards> locks;
+    std::vector<const float*> records;
+    std::vector<uint64_t> hashes;
+    std::vector<const RowIndex*> index_of_row;
+  };
+
   void check_ids(const uint64_t* ids, size_t n) const;
+  // Releases the locks `found` held, then read-locks the sub-shards of ids[0, count), in index order,
+  // and finds their records.
+  void find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const;
   // The unchecked cores of the batch operations; out and rows are dense rows of dim floats at any
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
@@ -267,7 +280,7 @@ class Table {
   // under the read locks of all their sub-shards. Returns false, writing nothing, if some row is not
   // materialized. block_ids are the bags' ids but the skipped ones.
   bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
-                     float* out, int64_t* max_positions) const;
+                     float* out, int64_t* max_positions, LockedRecords& found) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash) const;
