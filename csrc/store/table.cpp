@@ -253,9 +253,7 @@ float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {
 }
 
 void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const {
-  for (auto& lock : found.locks) {
-    if (lock.owns_lock()) lock.unlock();
-  }
+  found.unlock();
   found.hashes.resize(count);
   found.index_of_row.resize(count);
   found.records.resize(count);
@@ -304,7 +302,7 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
       }
     }
   }
-  found = LockedRecords{};  // unlocks
+  found.unlock();
   // Second pass under the write locks, a sub-shard at a time: materialize what was missing (another
   // thread may have materialized, or written, some of it in between; materialize() then finds it).
   const ShardRoute route(missing.data(), missing.size());
@@ -388,7 +386,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
       if (!bag.skips(position)) block_ids.push_back(ids[position]);
     }
     const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
-    found = LockedRecords{};  // unlocks: the fallback below may materialize
+    found.unlock();  // the fallback below may materialize
     if (!pooled) {
       // Some rows are not materialized: gather copies, which materializes them, and pool those.
       gathered.resize(block_ids.size() * dim_);

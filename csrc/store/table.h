@@ -262,6 +262,11 @@ class Table {
   // sub-shard they are in, and each row's record, null if it is not materialized. The records stay
   // valid while the locks are held; the vectors are scratch reused from block to block.
   struct LockedRecords {
+    void unlock() {
+      for (auto& lock : locks) {
+        if (lock.owns_lock()) lock.unlock();
+      }
+    }
     std::array<std::shared_lock<std::shared_mutex>, kNumShards> locks;
     std::vector<const float*> records;
     std::vector<uint64_t> hashes;
