@@ -183,22 +183,28 @@ def test_bad_arguments_are_refused_before_reading(store_mod, make_table, kwargs,
 
 
 @pytest.mark.parametrize("dim", [1, 8, 15, 16, 17, 40, 128, 131])
-@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted sum"])
 def test_sums_are_float32_additions_in_bag_order_at_every_width(store_mod, make_table, rng, dim, mode):
     # Sum and mean add rows with the widest vectors the CPU has (16 floats at a time, then the rest
     # one by one): every element must still be the float32 sum of its bag's rows in bag order, as CPU
-    # embedding_bag gives, whatever dim leaves for the tail.
+    # embedding_bag gives, whatever dim leaves for the tail. A weighted row's product is rounded to
+    # float32 before it is added (no fused multiply-add).
     table = make_table(200, dim)
     weight = rng.standard_normal((200, dim)).astype(np.float32)
     table.write(np.arange(200, dtype=np.uint64), weight)
     ids, offsets, n = random_bags(rng, 64, max_bag=9)
     ids = rng.integers(0, 200, size=n).astype(np.uint64)
-    out, _ = table.gather_pooled(ids, offsets, getattr(store_mod.PoolingMode, mode.capitalize()))
+    if mode == "weighted sum":
+        per_sample = rng.standard_normal(n).astype(np.float32)
+        out, _ = table.gather_pooled(ids, offsets, store_mod.PoolingMode.Sum, per_sample_weights=per_sample)
+    else:
+        per_sample = np.ones(n, np.float32)
+        out, _ = table.gather_pooled(ids, offsets, getattr(store_mod.PoolingMode, mode.capitalize()))
     ends = list(offsets[1:]) + [n]
     for bag, (begin, end) in enumerate(zip(offsets, ends)):
         expected = np.zeros(dim, np.float32)
         for position in range(begin, end):
-            expected = expected + weight[ids[position]]
+            expected = expected + per_sample[position] * weight[ids[position]]
         if mode == "mean" and end > begin:
             expected = expected / np.float32(end - begin)
         np.testing.assert_array_equal(out[bag], expected)
