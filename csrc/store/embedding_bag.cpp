@@ -9,9 +9,6 @@
 #include "errors.h"
 #include "prefetch.h"
 
-#ifdef RECDEV_STORE_AVX2_KERNELS
-#include <immintrin.h>
-#endif
 
 namespace recdev::store {
 namespace {
@@ -67,38 +64,47 @@ void add_scaled_row_portable(float* out, const float* row, uint32_t dim, float w
 }
 
 #ifdef RECDEV_STORE_AVX2_KERNELS
+// One body for every vector width: Vector is a GCC vector of floats, compiled for the instruction set
+// of the target function it is inlined into. out[d] += row[d], or with kScaled out[d] += weight *
+// row[d], each product rounded before its addition, for d in [0, dim).
+template <class Vector, bool kScaled>
+__attribute__((always_inline)) inline void add_row_vectors(float* out, const float* row, uint32_t dim, float weight) {
+  constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
+  uint32_t d = 0;
+  for (; d + kWidth <= dim; d += kWidth) {
+    Vector sum;
+    Vector add;
+    std::memcpy(&sum, out + d, sizeof(sum));
+    std::memcpy(&add, row + d, sizeof(add));
+    if constexpr (kScaled) {
+      add *= weight;
+      asm("" : "+v"(add));
+    }
+    sum += add;
+    std::memcpy(out + d, &sum, sizeof(sum));
+  }
+  if constexpr (kScaled) {
+    add_scaled_tail(out, row, d, dim, weight);
+  } else {
+    for (; d < dim; ++d) out[d] += row[d];
+  }
+}
+
+using Floats8 = float __attribute__((vector_size(32)));
+using Floats16 = float __attribute__((vector_size(64)));
+
 __attribute__((target("avx2"))) void add_row_avx2(float* out, const float* row, uint32_t dim) {
-  uint32_t d = 0;
-  for (; d + 8 <= dim; d += 8) _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d), _mm256_loadu_ps(row + d)));
-  for (; d < dim; ++d) out[d] += row[d];
+  add_row_vectors<Floats8, false>(out, row, dim, 1.0f);
 }
-
 __attribute__((target("avx2"))) void add_scaled_row_avx2(float* out, const float* row, uint32_t dim, float weight) {
-  const __m256 scale = _mm256_set1_ps(weight);
-  uint32_t d = 0;
-  for (; d + 8 <= dim; d += 8) {
-    __m256 product = _mm256_mul_ps(scale, _mm256_loadu_ps(row + d));
-    asm("" : "+v"(product));
-    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d), product));
-  }
-  add_scaled_tail(out, row, d, dim, weight);
+  add_row_vectors<Floats8, true>(out, row, dim, weight);
 }
-
 __attribute__((target("avx512f"))) void add_row_avx512(float* out, const float* row, uint32_t dim) {
-  uint32_t d = 0;
-  for (; d + 16 <= dim; d += 16) _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_loadu_ps(out + d), _mm512_loadu_ps(row + d)));
-  for (; d < dim; ++d) out[d] += row[d];
+  add_row_vectors<Floats16, false>(out, row, dim, 1.0f);
 }
-
-__attribute__((target("avx512f"))) void add_scaled_row_avx512(float* out, const float* row, uint32_t dim, float weight) {
-  const __m512 scale = _mm512_set1_ps(weight);
-  uint32_t d = 0;
-  for (; d + 16 <= dim; d += 16) {
-    __m512 product = _mm512_mul_ps(scale, _mm512_loadu_ps(row + d));
-    asm("" : "+v"(product));
-    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_loadu_ps(out + d), product));
-  }
-  add_scaled_tail(out, row, d, dim, weight);
+__attribute__((target("avx512f"))) void add_scaled_row_avx512(float* out, const float* row, uint32_t dim,
+                                                              float weight) {
+  add_row_vectors<Floats16, true>(out, row, dim, weight);
 }
 #endif
 
