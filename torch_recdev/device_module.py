@@ -72,13 +72,14 @@ def synchronize(device=None) -> None:
 
 
 def empty_cache() -> None:
-    """Frees the large host blocks recdev keeps for reuse (see memory_cached)."""
-    _C._empty_host_cache()
+    """Gives back the freed memory recdev keeps for reuse (see memory_cached)."""
+    _C._empty_cache()
 
 
 def memory_cached() -> int:
-    """Bytes of freed host blocks kept for reuse (RECDEV_HOST_CACHE_BYTES caps it)."""
-    return _C._cached_host_bytes()
+    """Bytes of freed memory kept for reuse: large host blocks (RECDEV_HOST_CACHE_BYTES caps them)
+    and the embedded store's empty 2 MiB regions (RECDEV_STORE_CACHE_BYTES caps them)."""
+    return _C._memory_cached()
 
 
 def _generator(device=0) -> torch.Generator:

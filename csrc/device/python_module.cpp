@@ -9,6 +9,7 @@
 #include "table_storage.h"
 
 #include "net/py_server.h"
+#include "store/chunk_pool.h"
 #include "store/py_store.h"
 #include "store/table_handle.h"
 
@@ -53,7 +54,7 @@ py::dict table_stats(const at::Tensor& t) {
   if (block == nullptr) {
     throw py::value_error("table_stats: the tensor is not on recdev table storage (see torch_recdev.is_table)");
   }
-  const store::TableStats stats = block->table->stats();
+  const store::TableStats stats = block->table().stats();
   py::dict d;
   d["num_embeddings"] = t.dim() >= 1 ? t.size(0) : int64_t{1};
   d["embedding_dim"] = t.dim() >= 2 ? t.numel() / std::max<int64_t>(t.size(0), 1) : int64_t{1};
@@ -82,8 +83,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_placement", [] { return device::placement_name(device::placement_override()); });
   m.def("_set_placement", [](const std::string& name) { device::set_placement_override(device::parse_placement(name)); });
   m.def("_is_table", &device::is_table);
-  m.def("_empty_host_cache", &device::empty_host_cache);
-  m.def("_cached_host_bytes", &device::cached_host_bytes);
+  // Freed memory kept for reuse: host blocks, and the empty regions of the store's chunk pool.
+  m.def("_empty_cache", [] {
+    device::empty_host_cache();
+    recdev::store::release_cached_chunk_regions();
+  });
+  m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &device::table_stats);
   device::bind_table_api(m);
   device::bind_table_serialization(m);

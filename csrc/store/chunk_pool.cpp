@@ -1,9 +1,14 @@
 #include "chunk_pool.h"
 
+#include "errors.h"
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -14,12 +19,34 @@
 namespace recdev::store {
 namespace {
 
-constexpr size_t kRegionBytes = size_t{2} << 20;
+constexpr size_t kRegionBytes = kChunkRegionBytes;
 // Pooled chunk sizes: below, a chunk is a small arena's and operator new is as good; up to
 // kMaxAnyPooledBytes a region's unused tail is at most 1/32 of it; above, only sizes that divide a
 // region exactly (the power-of-two bucket arrays of row indexes) are pooled, so that none is lost.
 constexpr size_t kMinPooledBytes = size_t{4} << 10;
 constexpr size_t kMaxAnyPooledBytes = size_t{64} << 10;
+
+// How many bytes of empty regions the pool keeps for reuse: RECDEV_STORE_CACHE_BYTES, 1 GiB by
+// default. A value that is not a number keeps none and leaves `error` to report.
+struct CacheLimit {
+  size_t bytes = size_t{1} << 30;
+  std::string error;
+};
+
+CacheLimit cache_limit_from_env() {
+  CacheLimit limit;
+  const char* value = std::getenv("RECDEV_STORE_CACHE_BYTES");
+  if (value == nullptr || *value == '\0') return limit;
+  char* end = nullptr;
+  errno = 0;
+  limit.bytes = std::strtoull(value, &end, 10);
+  if (*end != '\0' || errno == ERANGE || value[0] == '-') {
+    limit.bytes = 0;
+    limit.error = std::string("RECDEV_STORE_CACHE_BYTES must be a number of bytes; got '") + value +
+                  "'. Unset it for the default (1 GiB), or set it to 0 to keep no freed memory.";
+  }
+  return limit;
+}
 
 struct Region {
   std::byte* base;
@@ -37,6 +64,14 @@ struct Region {
 
 class Pool {
  public:
+  // Never throws, since freeing any chunk reaches the pool: a malformed RECDEV_STORE_CACHE_BYTES
+  // is reported by check_settings() when memory is asked for instead.
+  Pool() : cache_limit_(cache_limit_from_env()) {}
+
+  void check_settings() const {
+    if (!cache_limit_.error.empty()) throw StoreError(ErrorCode::InvalidArgument, cache_limit_.error);
+  }
+
   std::byte* allocate(size_t chunk_bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     Region*& head = with_room_[chunk_bytes];
@@ -87,7 +122,7 @@ class Pool {
     if (region.in_use == 0) {
       if (was_listed) unlink(head, &region);
       slack_ -= kRegionBytes;
-      unmap(region.base, kRegionBytes);
+      keep_or_unmap(region.base);
       regions_.erase(found);
       return true;
     }
@@ -101,9 +136,26 @@ class Pool {
     return slack_;
   }
 
+  size_t cached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return empty_regions_.size() * kRegionBytes;
+  }
+
+  void release_cached() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::byte* base : empty_regions_) unmap(base, kRegionBytes);
+    empty_regions_.clear();
+  }
+
  private:
   Region* map_region(size_t chunk_bytes) {
-    std::byte* base = map_aligned(kRegionBytes);
+    std::byte* base;
+    if (!empty_regions_.empty()) {
+      base = empty_regions_.back();  // the most recently freed: the likeliest still in cache
+      empty_regions_.pop_back();
+    } else {
+      base = map_aligned(kRegionBytes);
+    }
     try {
       auto region = std::make_unique<Region>();
       region->base = base;
@@ -118,6 +170,20 @@ class Pool {
       unmap(base, kRegionBytes);
       throw;
     }
+  }
+
+  // An empty region is kept for the next one mapped, up to the cache's limit: replacing a table
+  // (load_state_dict, a checkpoint load) frees about as many regions as it maps again.
+  void keep_or_unmap(std::byte* base) noexcept {
+    if ((empty_regions_.size() + 1) * kRegionBytes <= cache_limit_.bytes) {
+      try {
+        empty_regions_.push_back(base);
+        return;
+      } catch (const std::bad_alloc&) {
+        // No room to remember it: give it back instead.
+      }
+    }
+    unmap(base, kRegionBytes);
   }
 
   static void link(Region*& head, Region* region) {
@@ -163,6 +229,8 @@ class Pool {
   std::unordered_map<size_t, Region*> with_room_;                   // by chunk size: list heads
   std::unordered_map<uintptr_t, size_t> whole_regions_;             // by base address: bytes
   size_t slack_ = 0;
+  const CacheLimit cache_limit_;
+  std::vector<std::byte*> empty_regions_;  // kept for reuse: still mapped, still on huge pages
 };
 
 Pool& pool() {
@@ -182,11 +250,16 @@ void ChunkDeleter::operator()(std::byte* chunk) const noexcept {
 }
 
 ChunkPtr allocate_chunk(size_t bytes) {
+  pool().check_settings();
   if (pooled(bytes)) return ChunkPtr(pool().allocate(bytes));
   if (bytes > kRegionBytes && bytes % kRegionBytes == 0) return ChunkPtr(pool().allocate_whole_regions(bytes));
   return ChunkPtr(new std::byte[bytes]);
 }
 
 size_t pooled_chunk_slack_bytes() { return pool().slack(); }
+
+size_t cached_chunk_region_bytes() { return pool().cached(); }
+
+void release_cached_chunk_regions() noexcept { pool().release_cached(); }
 
 }  // namespace recdev::store

@@ -14,11 +14,17 @@
 // heap in 4 KiB pages first.
 //
 // A region serves chunks of one size, one table's or many tables'; a freed chunk is reused by the
-// next chunk of its size, and a region whose chunks are all free is unmapped, so memory follows the
-// rows down as well as up. What the pool holds beyond the chunks in use — the unused part of the
-// last region of each chunk size, and freed chunks in regions still partly used — is counted by no
-// table; pooled_chunk_slack_bytes() reports it. Sizes the regions would waste memory on (small ones,
-// and large ones that do not divide or fill whole regions) come from operator new. Thread-safe.
+// next chunk of its size. A region whose chunks are all free is kept, mapped, for the next region
+// of any chunk size, up to RECDEV_STORE_CACHE_BYTES (1 GiB by default) of them, and unmapped past
+// that, so memory follows the rows down as well as up. Why keep any: a fresh region costs a page
+// fault that zeroes 2 MiB, as much as copying rows into it, and replacing a table (load_state_dict,
+// a checkpoint load, set_init) frees about as many regions as the new rows then need: a 1M x 64
+// table's load_state_dict took 61 ms with every region fresh, 27 ms with them kept.
+// What the pool holds beyond the chunks in use — the unused part of the last region of each chunk
+// size, and freed chunks in regions still partly used — is counted by no table;
+// pooled_chunk_slack_bytes() reports it, and cached_chunk_region_bytes() the empty regions kept.
+// Sizes the regions would waste memory on (small ones, and large ones that do not divide or fill
+// whole regions) come from operator new. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -26,16 +32,25 @@
 
 namespace recdev::store {
 
+// The pool's unit of mapping, and of a huge page: an allocate_chunk of a multiple of it is a
+// huge-page mapping of its own (or a region).
+inline constexpr size_t kChunkRegionBytes = size_t{2} << 20;
+
 // Frees a chunk from allocate_chunk, wherever it came from.
 struct ChunkDeleter {
   void operator()(std::byte* chunk) const noexcept;
 };
 using ChunkPtr = std::unique_ptr<std::byte[], ChunkDeleter>;
 
-// `bytes` of uninitialized memory, aligned for any record. Throws std::bad_alloc.
+// `bytes` of uninitialized memory, aligned for any record. Throws std::bad_alloc, or StoreError
+// (InvalidArgument) when RECDEV_STORE_CACHE_BYTES is not a number.
 ChunkPtr allocate_chunk(size_t bytes);
 
-// Bytes the pool holds in its regions that are not in a chunk in use.
+// Bytes the pool holds in its regions that are not in a chunk in use (empty regions kept aside).
 size_t pooled_chunk_slack_bytes();
+
+// Bytes of empty regions kept for reuse, and giving them back to the system.
+size_t cached_chunk_region_bytes();
+void release_cached_chunk_regions() noexcept;
 
 }  // namespace recdev::store

@@ -367,6 +367,10 @@ void bind_optimizers(py::module_& s) {
   s.def("optimizer_state_floats", &optimizer_state_floats, py::arg("kind"), py::arg("dim"));
   s.def("pooled_chunk_slack_bytes", &pooled_chunk_slack_bytes,
         "Bytes the process-wide chunk pool holds beyond the chunks tables use (chunk_pool.h).");
+  s.def("cached_chunk_region_bytes", &cached_chunk_region_bytes,
+        "Bytes of empty 2 MiB regions the chunk pool keeps for reuse (RECDEV_STORE_CACHE_BYTES caps it).");
+  s.def("release_cached_chunk_regions", &release_cached_chunk_regions,
+        "Gives the chunk pool's empty regions back to the system.");
   s.def("validate_optimizer", &validate_optimizer, py::arg("config"));
 }
 

@@ -87,22 +87,28 @@ RowIndex& RowIndex::operator=(RowIndex&& other) noexcept {
   return *this;
 }
 
+void RowIndex::grow_to(size_t new_capacity) {
+  if (new_capacity > kMaxCapacity) {
+    throw StoreError(ErrorCode::Full, "a table sub-shard is full: it holds " + std::to_string(arena_.size()) +
+                                          " rows, the most one sub-shard can index");
+  }
+  try {
+    rehash(new_capacity);
+  } catch (const std::bad_alloc&) {
+    throw StoreError(ErrorCode::Full, "out of memory growing the row index to " + std::to_string(new_capacity) +
+                                          " buckets");
+  }
+}
+
+void RowIndex::reserve(size_t rows) {
+  size_t new_capacity = std::max(capacity_, kMinCapacity);
+  while (over_max_load(rows, new_capacity) && new_capacity <= kMaxCapacity) new_capacity *= 2;
+  if (new_capacity > capacity_) grow_to(new_capacity);
+}
+
 std::pair<float*, bool> RowIndex::find_or_insert(uint64_t row_id, uint64_t hash) {
   if (float* existing = find(hash)) return {existing, false};
-  const size_t rows = arena_.size() + 1;
-  if (over_max_load(rows, capacity_)) {
-    const size_t new_capacity = capacity_ == 0 ? kMinCapacity : capacity_ * 2;
-    if (new_capacity > kMaxCapacity) {
-      throw StoreError(ErrorCode::Full, "a table sub-shard is full: it holds " + std::to_string(arena_.size()) +
-                                            " rows, the most one sub-shard can index");
-    }
-    try {
-      rehash(new_capacity);
-    } catch (const std::bad_alloc&) {
-      throw StoreError(ErrorCode::Full, "out of memory growing the row index to " +
-                                            std::to_string(new_capacity) + " buckets");
-    }
-  }
+  if (over_max_load(arena_.size() + 1, capacity_)) grow_to(capacity_ == 0 ? kMinCapacity : capacity_ * 2);
   size_t slot;
   try {
     slot = arena_.push_back();

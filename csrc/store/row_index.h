@@ -67,6 +67,10 @@ class RowIndex {
   // the index unchanged.
   std::pair<float*, bool> find_or_insert(uint64_t row_id, uint64_t hash);
 
+  // Sizes the bucket array for `rows` rows, so that inserting up to that many rehashes nothing (a
+  // bulk load knows its count). Throws StoreError(Full) like find_or_insert, leaving the index unchanged.
+  void reserve(size_t rows);
+
   // Returns whether the row was present. Invalidates pointers to the record that was last.
   bool erase(uint64_t row_id, uint64_t hash);
 
@@ -109,6 +113,7 @@ class RowIndex {
   }
   void insert_bucket(const Bucket& entry);  // into a bucket array with room
   void rehash(size_t new_capacity);
+  void grow_to(size_t new_capacity);  // rehash, or StoreError(Full)
 
   // capacity buckets from the chunk pool (on huge pages once large: every lookup reads a random one).
   static ChunkPtr allocate_buckets(size_t capacity);

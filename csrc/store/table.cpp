@@ -180,6 +180,7 @@ std::optional<size_t> RowSet::insert_all(const uint64_t* ids, const float* recor
   std::array<size_t, kNumShards> first_repeat;
   first_repeat.fill(n);
   run_tasks(kNumShards, threads_for(n, kCopyRowsPerThread), [&](size_t s) {
+    shards_[s].reserve(shards_[s].size() + (route.end(s) - route.begin(s)));
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
       const size_t position = route.position(entry);
       const auto [record, created] = shards_[s].find_or_insert(ids[position], route.hash(entry));

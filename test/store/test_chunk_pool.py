@@ -1,9 +1,13 @@
 """The chunk pool under the tables' records and row indexes (csrc/store/chunk_pool.h): full-size
 chunks and large bucket arrays come from 2 MiB regions on transparent huge pages, freed chunks are
-reused, and regions go back to the system once empty, so the memory outside the tables' own count
-stays a few regions."""
+reused, and empty regions are kept for the next table up to RECDEV_STORE_CACHE_BYTES, then go back
+to the system, so the memory outside the tables' own count stays a few regions plus that cache."""
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -59,6 +63,7 @@ def test_records_sit_on_huge_pages_when_the_kernel_allows(store_mod):
     # pool does regardless (reuse, slack, giving memory back) is checked by the other tests here.
     if _thp_mode() == "never":
         pytest.skip("transparent huge pages are off on this machine")
+    store_mod.release_cached_chunk_regions()  # else the records reuse regions already counted
     before = _huge_bytes()
     store, table, _ = filled_table(store_mod, 60_000)  # ~31 MiB of records
     # Huge pages are a request the kernel may refuse when memory is fragmented; most should be granted.
@@ -70,6 +75,7 @@ def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
     # (128 KiB - 2 MiB) to 4 MiB, a mapping of its own; 256 MiB of buckets in all, one random line of
     # them read per lookup.
     mode = _thp_mode()  # with "never", only the huge-page counts are left out (see above)
+    store_mod.release_cached_chunk_regions()
     rows, dim = 7_000_000, 1
     before_huge = _huge_bytes()
     baseline_slack = store_mod.pooled_chunk_slack_bytes()
@@ -92,5 +98,59 @@ def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
     table.erase(ids)
     assert table.stats().rows == 0
     assert store_mod.pooled_chunk_slack_bytes() <= baseline_slack + 3 * REGION
+    store_mod.release_cached_chunk_regions()  # the emptied regions were kept for reuse until now
     if mode != "never":
         assert _huge_bytes() - before_huge < bucket_bytes // 4
+
+
+def test_empty_regions_are_kept_for_the_next_table_and_given_back_on_request(store_mod):
+    store_mod.release_cached_chunk_regions()
+    assert store_mod.cached_chunk_region_bytes() == 0
+    store, table, ids = filled_table(store_mod, 60_000)  # ~31 MiB of records in full-size chunks
+    held = table.stats().bytes
+    table.erase(ids)
+    cached = store_mod.cached_chunk_region_bytes()
+    assert cached % REGION == 0
+    assert held - 4 * REGION <= cached <= 1 << 30  # all but a few partly used regions; the default cap
+    # The next table's chunks come out of those regions instead of fresh mappings.
+    other_store, other, other_ids = filled_table(store_mod, 60_000)
+    assert store_mod.cached_chunk_region_bytes() < cached - (held - 8 * REGION)
+    assert (other.gather(other_ids[:1000]) == 1.5).all()
+    other.erase(other_ids)
+    assert store_mod.cached_chunk_region_bytes() > 0
+    store_mod.release_cached_chunk_regions()
+    assert store_mod.cached_chunk_region_bytes() == 0
+    assert store_mod.pooled_chunk_slack_bytes() <= 3 * REGION
+
+
+def _run(code, env):
+    full_env = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+
+
+FILL_AND_FREE = """
+    import numpy as np
+    from torch_recdev._C import _store as s
+    store = s.Store()
+    table = store.table(store.create_table(s.TableConfig(num_rows=10**9, dim=128)))
+    ids = np.arange(20_000, dtype=np.uint64) * 7919
+    table.write(ids, np.ones((len(ids), 128), np.float32))
+    table.erase(ids)
+    print("CACHED", s.cached_chunk_region_bytes(), flush=True)
+"""
+
+
+def test_the_cache_keeps_at_most_recdev_store_cache_bytes():
+    for limit, most in (("0", 0), (str(3 * REGION), 3 * REGION)):
+        proc = _run(FILL_AND_FREE, {"RECDEV_STORE_CACHE_BYTES": limit})
+        cached = int(proc.stdout.split("CACHED")[1])
+        assert 0 <= cached <= most, proc.stdout + proc.stderr
+        if most:
+            assert cached == most  # ~10 MiB of regions were emptied: the cap, not less, is kept
+
+
+def test_a_malformed_recdev_store_cache_bytes_is_a_clear_error():
+    proc = _run(FILL_AND_FREE, {"RECDEV_STORE_CACHE_BYTES": "lots"})
+    assert proc.returncode != 0 and "CACHED" not in proc.stdout
+    assert "RECDEV_STORE_CACHE_BYTES must be a number of bytes; got 'lots'" in proc.stderr, proc.stderr

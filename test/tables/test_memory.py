@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_recdev
 from torch_recdev import is_table, table_stats
 
 N = 10**10
@@ -115,3 +116,27 @@ def test_reinit_frees_materialized_rows(huge_table):
     empty = table_stats(w)
     assert empty["rows"] == 0
     assert empty["bytes"] < full["bytes"] / 10
+
+
+def test_memory_cached_counts_freed_host_blocks_and_table_regions_until_empty_cache(store_backend):
+    torch.recdev.empty_cache()
+    assert torch.recdev.memory_cached() == 0
+    with torch_recdev.placement("host"):
+        block = torch.empty(4 << 20, device="recdev")  # 16 MiB of host storage
+    del block
+    assert torch.recdev.memory_cached() == 16 << 20
+    with torch_recdev.placement("host"):
+        again = torch.empty(4 << 20, device="recdev")  # takes the block back
+    assert torch.recdev.memory_cached() == 0
+    del again
+    if store_backend != "embedded":
+        return  # the table's rows live in the servers' processes, and so does their memory
+    with torch_recdev.placement("table"):
+        table = torch.empty(10**6, 64, device="recdev")
+    ids = torch.arange(0, 10**6, 10)
+    torch_recdev.ops.emb_write(table, ids, torch.ones(len(ids), 64))  # ~26 MiB of records
+    before = torch.recdev.memory_cached()
+    del table  # its emptied 2 MiB regions are kept for the next table's rows
+    assert torch.recdev.memory_cached() - before >= 10 << 20
+    torch.recdev.empty_cache()
+    assert torch.recdev.memory_cached() == 0
