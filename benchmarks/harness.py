@@ -33,6 +33,11 @@ class Row:
     def met(self) -> bool:
         return self.ratio >= self.target_ratio
 
+    @property
+    def verdict(self) -> str:
+        """'-' for a row shown for reference, with no target to meet."""
+        return "-" if self.target_ratio == 0 else ("yes" if self.met else "NO")
+
 
 @dataclass
 class Fact:
@@ -98,7 +103,7 @@ def markdown(title: str, rows: list) -> str:
         for r in races:
             lines.append(
                 f"| {r.workload} | {_fmt_time(r.recdev_s)} | {r.peer} | {_fmt_time(r.peer_s)} "
-                f"| {r.ratio:.2f}× | {r.target} | {'yes' if r.met else 'NO'} |"
+                f"| {r.ratio:.2f}× | {r.target} | {r.verdict} |"
             )
         lines.append("")
     if facts:
@@ -123,7 +128,7 @@ def plot(path: str, sections: dict[str, list[Row]]) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
     labels = [r.workload for r in rows]
     ratios = [r.ratio for r in rows]
-    colors = ["tab:green" if r.met else "tab:red" for r in rows]
+    colors = [{"yes": "tab:green", "NO": "tab:red", "-": "tab:gray"}[r.verdict] for r in rows]
     ax.barh(labels, ratios, color=colors)
     for i, r in enumerate(rows):
         ax.plot([r.target_ratio, r.target_ratio], [i - 0.4, i + 0.4], color="black")

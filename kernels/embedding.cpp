@@ -30,7 +30,7 @@ namespace {
 void check_not_trained_by_indexing(const at::Tensor& self, const char* op) {
   TORCH_CHECK(
       !(self.requires_grad() && at::GradMode::is_enabled() &&
-        device::table_block(self.storage())->table->optimizer().kind != store::OptimizerKind::None),
+        device::table_block(self.storage())->table().optimizer().kind != store::OptimizerKind::None),
       "recdev: ", op, " on a table trained by a fused optimizer would give it a dense gradient the optimizer never "
       "sees. Look rows up with F.embedding / F.embedding_bag (or nn.Embedding) so that their gradient goes to the "
       "store, or index inside torch.no_grad() to read rows.");
@@ -153,7 +153,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // (offsets from 0, closed by an end offset).
   std::vector<int64_t> bounds(offsets.begin(), offsets.begin() + num_bags);
   bounds.push_back(include_last_offset ? offsets[num_bags] : static_cast<int64_t>(rows.size()));
-  store::TableHandle& table = *device::table_block(weight.storage())->table;
+  store::TableHandle& table = device::table_block(weight.storage())->table();
   float* out_data = static_cast<float*>(device::cpu_view(out).data_ptr());
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
   const float* weight_data = weights.defined() ? weights.const_data_ptr<float>() : nullptr;

@@ -42,7 +42,7 @@ bool updates_in_store(const at::Tensor& weight) {
 }
 
 store::TableHandle& table_of(const at::Tensor& weight) {
-  return *device::table_block(weight.storage())->table;
+  return device::table_block(weight.storage())->table();
 }
 
 // The table of `weight`, which must have a fused optimizer to take a gradient.

@@ -68,7 +68,7 @@ void init_table_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* st
   const at::Tensor self = args[0].toTensor();
   if (device::is_table(self) && covers_whole_table(self)) {
     if (auto rule = rule_for(op, args, self.scalar_type())) {
-      device::table_block(self.storage())->table->set_init(*rule);
+      device::table_block(self.storage())->table().set_init(*rule);
       torch::jit::drop(*stack, n);
       torch::jit::push(*stack, self);
       return;

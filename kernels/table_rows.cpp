@@ -78,7 +78,7 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   std::vector<int64_t> size = indices.sizes().vec();
   size.insert(size.end(), weight.sizes().begin() + 1, weight.sizes().end());
   at::Tensor out = empty_host(size, weight.scalar_type());
-  store::TableHandle& table = *device::table_block(weight.storage())->table;
+  store::TableHandle& table = device::table_block(weight.storage())->table();
   float* dst = static_cast<float*>(device::cpu_view(out).data_ptr());
   const size_t words = table.dim();
   // The table is safe for concurrent readers: split the batch over threads (table_handle.h,

@@ -12,7 +12,9 @@ so that ``torch.load``'s default ``weights_only=True`` accepts it.
 
 Where a table is rebuilt follows ``map_location`` through an empty recdev
 "anchor" storage saved beside the snapshot (``torch.load`` maps it like any
-storage): on recdev, a new table holding the same rows and rule; anywhere
+storage): on recdev, a new table with the same rule whose rows wait in the
+loaded CPU tensors until its first use, or until ``load_state_dict`` copies
+them straight into the model's table (``TableBlock::defer_rows``); anywhere
 else, a dense tensor, refused past ``max_fallback_bytes``.
 """
 

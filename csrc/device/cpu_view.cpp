@@ -81,7 +81,7 @@ c10::Storage result_storage(const at::Tensor& cpu_result) {
     return adopt_cpu_storage(cpu);
   }
   c10::Storage table = make_table_storage(cpu.nbytes(), table_row_bytes(cpu_result.sizes(), cpu_result.scalar_type()));
-  table_block(table)->table->write_bytes(0, cpu.nbytes(), cpu.data());
+  table_block(table)->table().write_bytes(0, cpu.nbytes(), cpu.data());
   return table;
 }
 

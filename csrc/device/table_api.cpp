@@ -19,7 +19,7 @@ store::TableHandle& table_of(const at::Tensor& t, const char* what) {
   if (!is_table(t)) {
     throw py::value_error(std::string(what) + ": the tensor is not on recdev table storage (torch_recdev.is_table)");
   }
-  return *table_block(t.storage())->table;
+  return table_block(t.storage())->table();
 }
 
 // Keys as the store's row ids: a 1-D int64 or uint64 CPU or recdev tensor,

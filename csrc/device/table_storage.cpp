@@ -9,6 +9,8 @@
 
 #include <c10/core/StorageImpl.h>
 
+#include <utility>
+
 namespace recdev::device {
 
 TableBlock::TableBlock(
@@ -18,18 +20,48 @@ TableBlock::TableBlock(
     uint32_t row_bytes_in,
     bool owns_table_in)
     : StorageContext(StorageKind::Table),
-      table(std::move(table_in)),
       client(std::move(client_in)),
       nbytes(nbytes_in),
       row_bytes(row_bytes_in),
       base(reserve_opaque_range(nbytes_in)),
-      owns_table(owns_table_in) {}
+      owns_table(owns_table_in),
+      table_(std::move(table_in)) {}
 
 TableBlock::~TableBlock() {
   release_opaque_range(base);
   if (owns_table) {
-    client->free_table(*table);
+    client->free_table(*table_);
   }
+}
+
+store::TableHandle& TableBlock::table() const {
+  if (has_pending_.load(std::memory_order_acquire)) {
+    // Dropped after the lock is released: dropping the loaded tensors may take the GIL, which a
+    // thread waiting for this lock may hold.
+    PendingRows installed;
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    if (pending_) {
+      pending_(*table_);  // on an error the rows stay pending, and the next use meets it again
+      installed = std::exchange(pending_, nullptr);
+      has_pending_.store(false, std::memory_order_release);
+    }
+  }
+  return *table_;
+}
+
+void TableBlock::defer_rows(PendingRows rows) {
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  pending_ = std::move(rows);
+  has_pending_.store(static_cast<bool>(pending_), std::memory_order_release);
+}
+
+bool TableBlock::install_pending_into(store::TableHandle& other) const {
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  if (!pending_) {
+    return false;
+  }
+  pending_(other);
+  return true;
 }
 
 c10::Storage wrap_table(

@@ -9,7 +9,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace recdev::store {
@@ -18,6 +21,10 @@ class TableHandle;
 } // namespace recdev::store
 
 namespace recdev::device {
+
+// Rows a table was restored with but has not installed yet: puts them, with the table's init rule
+// and optimizer, into the table it is given. May throw (a damaged file); installs nothing then.
+using PendingRows = std::function<void(store::TableHandle& into)>;
 
 struct TableBlock final : StorageContext {
   TableBlock(
@@ -28,7 +35,17 @@ struct TableBlock final : StorageContext {
       bool owns_table);
   ~TableBlock() override;
 
-  const std::shared_ptr<store::TableHandle> table;
+  // The table, its pending rows (if any) installed first.
+  store::TableHandle& table() const;
+  bool same_table(const TableBlock& other) const { return table_ == other.table_; }
+
+  // torch.load gives a table its saved rows this way, so that load_state_dict can copy them
+  // straight into the model's table (install_pending_into) rather than into this one and then
+  // again into the model's: one copy of every row instead of two. Any other use installs them here.
+  void defer_rows(PendingRows rows);
+  // Installs this table's pending rows into `other`, leaving them pending here; false if there are none.
+  bool install_pending_into(store::TableHandle& other) const;
+
   // The client the table lives in: an anonymous table is freed through it
   // even after the current store changed.
   const std::shared_ptr<store::StoreClient> client;
@@ -36,6 +53,12 @@ struct TableBlock final : StorageContext {
   const uint32_t row_bytes;
   const uintptr_t base;     // the opaque address of byte 0
   const bool owns_table;    // anonymous tables are freed with their storage
+
+ private:
+  const std::shared_ptr<store::TableHandle> table_;
+  mutable std::mutex pending_mutex_;
+  mutable PendingRows pending_;                  // under pending_mutex_
+  mutable std::atomic<bool> has_pending_{false}; // whether pending_ is set: table()'s fast path
 };
 
 // A new anonymous table storage of `nbytes` bytes, rows of `row_bytes`, in

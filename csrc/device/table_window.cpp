@@ -29,7 +29,7 @@ TableWindow::TableWindow(const at::Tensor& t, const std::string& what)
   check_fallback_size(nbytes, what);
   at::Tensor buffer = at::empty({static_cast<int64_t>(nbytes)}, at::TensorOptions().dtype(at::kByte));
   if (nbytes > 0) {
-    block_->table->read_bytes(range_.begin, nbytes, buffer.data_ptr());
+    block_->table().read_bytes(range_.begin, nbytes, buffer.data_ptr());
   }
   cpu_ = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(buffer.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
@@ -43,7 +43,7 @@ TableWindow::TableWindow(const at::Tensor& t, const std::string& what)
 void TableWindow::write_back() const {
   const uint64_t nbytes = range_.end - range_.begin;
   if (nbytes > 0) {
-    block_->table->write_bytes(range_.begin, nbytes, cpu_.storage().data());
+    block_->table().write_bytes(range_.begin, nbytes, cpu_.storage().data());
   }
 }
 

@@ -76,6 +76,8 @@ def test_a_table_restored_on_the_shards_lives_and_trains_there(start_shards):
     shards, weight, ids, saved = _saved_table_on_two_shards(start_shards)
     before = _rows_on(shards)
     loaded = torch.load(saved)
+    assert _rows_on(shards) == before  # the rows wait in the loaded tensors until the table's first use
+    assert torch_recdev.table_stats(loaded)["rows"] == 50
     after = _rows_on(shards)
     assert sum(after) - sum(before) == 50 and all(a > b for a, b in zip(after, before))  # spread over both
     opt_original = torch_recdev.optim.Adagrad([weight], lr=0.1)

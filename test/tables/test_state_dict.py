@@ -4,6 +4,7 @@ under max_fallback_bytes, and bad files are refused with nothing loaded."""
 
 import io
 import pickle
+import threading
 
 import pytest
 import torch
@@ -239,7 +240,6 @@ def _tampered(weight, change):
     [
         (lambda a: a[:1] + [a[1].flip(0), a[2].flip(0)] + a[3:], None),  # harmless: row order does not matter
         (lambda a: a[:1] + [a[1] + 10**10] + a[2:], "out of range"),
-        (lambda a: a[:1] + [a[1] * 0] + a[2:], "appears twice"),
         (lambda a: a[:2] + [a[2][:, :3]] + a[3:], "records"),
         (lambda a: [{**a[0], "dim": 9}] + a[1:], "does not match"),
         (lambda a: [{**a[0], "format": 7}] + a[1:], "snapshot format 7"),
@@ -267,6 +267,24 @@ def test_tables_pickle_only_through_torch_save_safe_globals():
 
 
 
+def test_a_repeated_row_is_refused_where_the_rows_are_installed_and_nothing_loads(lazy_table):
+    # Finding a repeat takes the index the rows are installed into, so it is found there: at
+    # load_state_dict (straight into the model's table), or at the loaded tensor's first use.
+    w = lazy_table(30, 8)
+    _touch(w, torch.tensor([1, 2, 3]))
+    func, args = _tampered(w, lambda a: a[:1] + [a[1] * 0 + 2] + a[2:])
+    loaded = func(*args)
+    target = lazy_table(30, 8)
+    _touch(target, torch.tensor([7]))
+    before = target.cpu()
+    with pytest.raises(ValueError, match="damaged or was not written by torch_recdev: row 2 appears twice"):
+        target.copy_(loaded)  # what load_state_dict does
+    assert torch.equal(target.cpu(), before) and table_stats(target)["rows"] == 1
+    for _ in range(2):  # still refused on every use, never half installed
+        with pytest.raises(ValueError, match="row 2 appears twice"):
+            loaded.cpu()
+
+
 def test_restoring_many_rows_names_the_first_repeated_id(lazy_table):
     # 140,000 rows are inserted on several threads (RowSet::insert_all); the error still names the
     # first id that repeats an earlier one, whichever thread finds which repeat.
@@ -284,4 +302,80 @@ def test_restoring_many_rows_names_the_first_repeated_id(lazy_table):
 
     func, args = _tampered(w, repeat)
     with pytest.raises(ValueError, match=f"row {int(args[1][7])} appears twice"):
-        func(*args)
+        func(*args).cpu()
+
+
+def test_load_state_dict_copies_the_loaded_rows_once_and_both_tables_stay_independent(tmp_path, store_backend):
+    model = Bag(rows=10**8, dim=8)
+    ids = torch.arange(0, 10**8, 9973)
+    torch_recdev.ops.emb_write(model.bag.weight, ids, torch.randn(len(ids), 8))
+    expected = torch_recdev.ops.emb_read(model.bag.weight, ids).cpu()
+    path = tmp_path / "model.pt"
+    _save(model.state_dict(), path)
+    for mmap in (False, True):
+        state = torch.load(path, mmap=mmap)
+        loaded = state["bag.weight"]
+        restored = Bag(rows=10**8, dim=8)
+        restored.load_state_dict(state)
+        assert torch.equal(torch_recdev.ops.emb_read(restored.bag.weight, ids).cpu(), expected)
+        # The loaded tensor still holds the file's rows, installed into its own table on first use,
+        # and writes to either table stay out of the other.
+        torch_recdev.ops.emb_write(restored.bag.weight, ids[:5], torch.zeros(5, 8))
+        assert torch.equal(torch_recdev.ops.emb_read(loaded, ids).cpu(), expected)
+        torch_recdev.ops.emb_write(loaded, ids[5:10], torch.ones(5, 8))
+        assert torch.equal(torch_recdev.ops.emb_read(restored.bag.weight, ids[5:10]).cpu(), expected[5:10])
+        assert table_stats(loaded)["rows"] == len(ids)
+
+
+def test_first_uses_of_a_loaded_table_from_many_threads_install_its_rows_once(lazy_table):
+    w = lazy_table(100_000, 4)
+    ids = torch.arange(0, 100_000, 3)
+    torch_recdev.ops.emb_write(w, ids, torch.randn(len(ids), 4))
+    loaded = torch.load(_save(w))
+    expected = torch_recdev.ops.emb_read(w, ids).cpu()
+    results = [None] * 8
+
+    def read(k):
+        results[k] = torch_recdev.ops.emb_read(loaded, ids).cpu()
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(r, expected) for r in results)
+    assert table_stats(loaded)["rows"] == len(ids)
+
+
+def test_a_restored_table_holds_the_memory_the_saved_one_did(lazy_table, store_backend):
+    # The restore sizes each sub-shard's index for its rows up front (RowIndex::reserve): the bucket
+    # arrays the saved table grew to one row at a time, not larger ones. (On shards the restored
+    # table's rows route by its own key, so each shard holds other rows than the saved table's.)
+    if store_backend != "embedded":
+        pytest.skip("compares one process's indexes")
+    w = lazy_table(1_000_000, 8)
+    ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(1))[:200_000]
+    torch_recdev.ops.emb_write(w, ids, torch.randn(len(ids), 8))
+    func, args = _tampered(w, lambda a: a)
+    restored = func(*args)
+    assert table_stats(restored)["rows"] == 200_000
+    assert table_stats(restored)["bytes"] == table_stats(w)["bytes"]
+    assert torch.equal(torch_recdev.ops.emb_read(restored, ids).cpu(), torch_recdev.ops.emb_read(w, ids).cpu())
+
+
+def test_large_snapshots_are_copied_into_huge_page_mappings(lazy_table):
+    # Rows copied out for torch.save fault 2 MiB at a time (csrc/device/table_serialization.cpp).
+    w = lazy_table(1_000_000, 8)
+    ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(2))[:300_000]
+    values = torch.randn(len(ids), 8)
+    torch_recdev.ops.emb_write(w, ids, values)
+    _, saved_ids, records = torch_recdev._C._table_snapshot(w)  # 2.4 MB of ids, 9.6 MB of records
+    assert saved_ids.data_ptr() % (2 << 20) == 0 and records.data_ptr() % (2 << 20) == 0
+    order = saved_ids.argsort()
+    assert torch.equal(saved_ids[order], ids.sort().values)
+    assert torch.equal(records[order], values[ids.argsort()])
+    del saved_ids, records  # handed back to the chunk pool
+    small = lazy_table(100, 8)
+    torch_recdev.ops.emb_write(small, torch.tensor([3, 5]), torch.ones(2, 8))
+    _, few_ids, few_records = torch_recdev._C._table_snapshot(small)  # below 2 MiB: the CPU allocator's
+    assert torch.equal(few_records, torch.ones(2, 8)) and sorted(few_ids.tolist()) == [3, 5]
