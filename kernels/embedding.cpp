@@ -91,28 +91,31 @@ void index(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   cpu_fallback(op, stack);
 }
 
-std::vector<int64_t> offsets_for_store(const at::Tensor& offsets, size_t num_ids) {
+// The offsets as contiguous int64 on the CPU (the tensor itself when it already is), checked as
+// CPU's embedding_bag checks them.
+at::Tensor offsets_for_store(const at::Tensor& offsets, size_t num_ids) {
   TORCH_CHECK(
       offsets.scalar_type() == at::kLong || offsets.scalar_type() == at::kInt,
       "embedding_bag: offsets must be Long or Int; got ",
       offsets.toString());
   TORCH_CHECK(offsets.dim() == 1, "offsets has to be a 1D Tensor, but got Tensor of dimension ", offsets.dim());
-  const at::Tensor o = on_cpu(offsets).to(at::kLong).contiguous();
-  std::vector<int64_t> result(o.const_data_ptr<int64_t>(), o.const_data_ptr<int64_t>() + o.numel());
-  if (!result.empty()) {
+  at::Tensor result = on_cpu(offsets).to(at::kLong).contiguous();
+  const int64_t* o = result.const_data_ptr<int64_t>();
+  const int64_t count = result.numel();
+  if (count > 0) {
     TORCH_CHECK(
-        result[0] == 0,
+        o[0] == 0,
         "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
         "However, got ",
-        result[0]);
+        o[0]);
     TORCH_CHECK(
-        result.back() <= static_cast<int64_t>(num_ids),
+        o[count - 1] <= static_cast<int64_t>(num_ids),
         "offsets[-1] can not be greater than input's length ",
         num_ids,
         ", but got offsets[-1] of ",
-        result.back());
-    for (size_t i = 1; i < result.size(); ++i) {
-      TORCH_CHECK(result[i - 1] <= result[i], "embedding_bag: offsets must be non-decreasing; offsets[", i, "] = ", result[i], " < offsets[", i - 1, "] = ", result[i - 1]);
+        o[count - 1]);
+    for (int64_t i = 1; i < count; ++i) {
+      TORCH_CHECK(o[i - 1] <= o[i], "embedding_bag: offsets must be non-decreasing; offsets[", i, "] = ", o[i], " < offsets[", i - 1, "] = ", o[i - 1]);
     }
   }
   return result;
@@ -136,10 +139,14 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode must be 0 (sum), 1 (mean) or 2 (max); got ", mode);
   const bool include_last_offset = args[7].toBool();
   const int64_t padding_idx = args[8].toInt();
-  std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag");
-  std::vector<int64_t> offsets = offsets_for_store(arg(args, 2), rows.size());
-  TORCH_CHECK(!include_last_offset || !offsets.empty(), "include_last_offset: number of offset should be at least 1");
-  const size_t num_bags = include_last_offset ? (offsets.empty() ? 0 : offsets.size() - 1) : offsets.size();
+  const RowIds rows(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag");
+  const at::Tensor offsets_tensor = offsets_for_store(arg(args, 2), rows.size());
+  const int64_t* offsets = offsets_tensor.const_data_ptr<int64_t>();
+  const int64_t num_offsets = offsets_tensor.numel();
+  TORCH_CHECK(!include_last_offset || num_offsets > 0, "include_last_offset: number of offset should be at least 1");
+  const int64_t num_bags = include_last_offset ? num_offsets - 1 : num_offsets;
+  // Where bag b ends: the next offset, and for the last bag (without include_last_offset) the end of the ids.
+  const auto bag_end = [&](int64_t b) { return b + 1 < num_offsets ? offsets[b + 1] : static_cast<int64_t>(rows.size()); };
   at::Tensor weights;
   if (args[6].isTensor() && args[6].toTensor().defined()) {
     weights = on_cpu(args[6].toTensor()).to(at::kFloat).contiguous();
@@ -147,26 +154,34 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_CHECK(weights.numel() == static_cast<int64_t>(rows.size()), "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ", weights.numel(), " and ", rows.size());
   }
   const int64_t dim = weight.size(1);
-  at::Tensor out = empty_host({static_cast<int64_t>(num_bags), dim}, at::kFloat);
-  at::Tensor max_positions = mode == 2 ? at::empty({static_cast<int64_t>(num_bags), dim}, at::kLong) : at::Tensor();
-  // Bags split over threads; each task sees its bags as a batch of its own
-  // (offsets from 0, closed by an end offset).
-  std::vector<int64_t> bounds(offsets.begin(), offsets.begin() + num_bags);
-  bounds.push_back(include_last_offset ? offsets[num_bags] : static_cast<int64_t>(rows.size()));
+  at::Tensor out = empty_host({num_bags, dim}, at::kFloat);
+  // The auxiliary outputs CPU's kernel gives, for the backward pass: each id's bag, and each bag's
+  // count of ids that are not padding.
+  at::Tensor offset2bag = empty_host({static_cast<int64_t>(rows.size())}, at::kLong);
+  at::Tensor bag_size = empty_host({num_bags}, at::kLong);
+  at::Tensor max_positions = mode == 2 ? at::empty({num_bags, dim}, at::kLong) : at::Tensor();
   store::TableHandle& table = device::table_block(weight.storage())->table();
   float* out_data = static_cast<float*>(device::cpu_view(out).data_ptr());
+  int64_t* bag_of = device::cpu_view(offset2bag).data_ptr<int64_t>();
+  int64_t* size_of = device::cpu_view(bag_size).data_ptr<int64_t>();
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
   const float* weight_data = weights.defined() ? weights.const_data_ptr<float>() : nullptr;
   const int64_t padding_row = padding_idx < 0 ? -1 : static_cast<int64_t>(*first) + padding_idx;
+  // Ids past the last bag (include_last_offset) belong to none; CPU leaves them to the last.
+  const int64_t pooled_ids = num_bags > 0 ? bag_end(num_bags - 1) : 0;
+  std::fill(bag_of + pooled_ids, bag_of + rows.size(), std::max<int64_t>(num_bags - 1, 0));
   const int64_t bags_per_task = table.in_process()
-      ? std::max<int64_t>(1, kRowsPerTask * static_cast<int64_t>(num_bags) / std::max<int64_t>(1, rows.size()))
+      ? std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()))
       : std::max<int64_t>(1, num_bags);  // table_handle.h, in_process
-  at::parallel_for(0, static_cast<int64_t>(num_bags), bags_per_task, [&](int64_t begin, int64_t end) {
-    const int64_t base = bounds[begin];
-    std::vector<int64_t> local(bounds.begin() + begin, bounds.begin() + end + 1);
-    for (int64_t& o : local) {
-      o -= base;
+  // Bags split over threads; each task sees its bags as a batch of its own (offsets from 0, closed by
+  // an end offset).
+  at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
+    const int64_t base = offsets[begin];
+    std::vector<int64_t> local(end - begin + 1);
+    for (int64_t b = begin; b < end; ++b) {
+      local[b - begin] = offsets[b] - base;
     }
+    local.back() = bag_end(end - 1) - base;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
         static_cast<store::PoolingMode>(mode), weight_data ? weight_data + base : nullptr,
@@ -176,34 +191,28 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         *p = *p < 0 ? *p : *p + base;
       }
     }
+    for (int64_t b = begin; b < end; ++b) {
+      int64_t count = 0;
+      for (int64_t i = offsets[b]; i < bag_end(b); ++i) {
+        bag_of[i] = b;
+        count += static_cast<int64_t>(rows[i]) != padding_row;
+      }
+      size_of[b] = count;
+    }
   });
 
-  // The auxiliary outputs CPU's kernel gives, for the backward pass.
-  at::Tensor offset2bag = at::empty({static_cast<int64_t>(rows.size())}, at::kLong);
-  at::Tensor bag_size = at::zeros({static_cast<int64_t>(num_bags)}, at::kLong);
-  int64_t* bag_of = offset2bag.data_ptr<int64_t>();
-  int64_t* size_of = bag_size.data_ptr<int64_t>();
-  for (size_t b = 0; b < num_bags; ++b) {
-    const size_t end = (b + 1 < offsets.size()) ? offsets[b + 1] : rows.size();
-    for (size_t i = offsets[b]; i < end; ++i) {
-      bag_of[i] = static_cast<int64_t>(b);
-      if (padding_idx < 0 || static_cast<int64_t>(rows[i] - *first) != padding_idx) {
-        ++size_of[b];
-      }
-    }
-  }
   // Shaped as the meta kernel says (torch.compile checks it): unused outside max mode, where it is
   // [num_bags] when offsets are on the CPU (as CPU's kernel gives) and empty otherwise.
   const at::Tensor& offsets_arg = arg(args, 2);
-  at::Tensor max_indices = mode == 2 ? at::zeros({static_cast<int64_t>(num_bags), dim}, at::kLong)
-      : at::zeros({offsets_arg.device().is_cpu() ? static_cast<int64_t>(num_bags) : 0}, at::kLong);
-  if (mode == 2 && !rows.empty()) {
+  at::Tensor max_indices = mode == 2 ? at::zeros({num_bags, dim}, at::kLong)
+      : at::zeros({offsets_arg.device().is_cpu() ? num_bags : 0}, at::kLong);
+  if (mode == 2 && rows.size() > 0) {
     const at::Tensor ids = on_cpu(indices).to(at::kLong);
     const at::Tensor positions = max_positions.clamp_min(0);
     max_indices = at::where(max_positions.ge(0), ids.index_select(0, positions.flatten()).view_as(positions), at::zeros_like(positions));
   }
   torch::jit::drop(*stack, n);
-  torch::jit::push(*stack, out, device::adopt_result(offset2bag), device::adopt_result(bag_size), device::adopt_result(max_indices));
+  torch::jit::push(*stack, out, offset2bag, bag_size, device::adopt_result(max_indices));
 }
 
 } // namespace

@@ -134,7 +134,7 @@ void table_embedding_backward(
     bool scale_grad_by_freq) {
   const auto first = first_gatherable_row(weight);
   TORCH_CHECK(first.has_value(), "recdev: embedding backward into the store needs a table weight");
-  std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward");
+  std::vector<uint64_t> rows = RowIds(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward").to_vector();
   const int64_t row_width = weight.numel() / std::max<int64_t>(weight.size(0), 1);
   at::Tensor grads =
       device::CpuAccess(grad, "embedding backward").cpu().reshape({static_cast<int64_t>(rows.size()), row_width});
@@ -263,7 +263,8 @@ void table_embedding_bag_backward_core(
     bool include_last_offset) {
   const auto first = first_gatherable_row(weight);
   TORCH_CHECK(first.has_value(), "recdev: embedding_bag backward into the store needs a table weight");
-  std::vector<uint64_t> rows = row_ids(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward");
+  std::vector<uint64_t> rows =
+      RowIds(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward").to_vector();
   const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
   if (offsets.defined() && mode != 2 && !scale_grad_by_freq) {
     update_from_bag_grads(weight, *first, rows, offsets, grad, weighted ? *per_sample_weights : at::Tensor(), mode,

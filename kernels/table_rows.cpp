@@ -7,6 +7,7 @@
 #include "store/table_handle.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 namespace recdev::kernels {
@@ -31,8 +32,20 @@ at::Tensor on_cpu(const at::Tensor& t) {
   return device::CpuAccess(t, "reading lookup indices").cpu();
 }
 
-// Row ids for the store, validated by `rule`, then shifted to the view's first row.
-std::vector<uint64_t> row_ids(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, IdRule rule, const char* op) {
+namespace {
+
+// Whether every id is in [0, num_rows): one branch-free pass, which vectorizes.
+bool all_in_range(const int64_t* ids, size_t count, int64_t num_rows) {
+  bool in_range = true;
+  for (size_t i = 0; i < count; ++i) {
+    in_range &= static_cast<uint64_t>(ids[i]) < static_cast<uint64_t>(num_rows);
+  }
+  return in_range;
+}
+
+}  // namespace
+
+RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, IdRule rule, const char* op) {
   TORCH_CHECK(
       indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
       "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
@@ -43,8 +56,15 @@ std::vector<uint64_t> row_ids(const at::Tensor& indices, int64_t num_rows, uint6
       ")");
   const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
   const int64_t* data = ids.const_data_ptr<int64_t>();
-  std::vector<uint64_t> rows(ids.numel());
-  for (size_t i = 0; i < rows.size(); ++i) {
+  size_ = static_cast<size_t>(ids.numel());
+  if (first_row == 0 && all_in_range(data, size_, num_rows)) {
+    ids_ = ids;
+    data_ = reinterpret_cast<const uint64_t*>(data);
+    return;
+  }
+  ids_ = at::empty({static_cast<int64_t>(size_)}, ids.options());
+  uint64_t* rows = reinterpret_cast<uint64_t*>(ids_.data_ptr<int64_t>());
+  for (size_t i = 0; i < size_; ++i) {
     int64_t id = data[i];
     switch (rule) {
       case IdRule::Embedding:
@@ -64,7 +84,7 @@ std::vector<uint64_t> row_ids(const at::Tensor& indices, int64_t num_rows, uint6
     }
     rows[i] = first_row + static_cast<uint64_t>(id);
   }
-  return rows;
+  data_ = rows;
 }
 
 at::Tensor empty_host(c10::IntArrayRef size, c10::ScalarType dtype) {
@@ -74,7 +94,7 @@ at::Tensor empty_host(c10::IntArrayRef size, c10::ScalarType dtype) {
 
 // weight[ids] for a gatherable table view: ids.shape + weight.shape[1:].
 at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor& indices, IdRule rule, const char* op) {
-  const std::vector<uint64_t> rows = row_ids(indices, weight.size(0), first_row, rule, op);
+  const RowIds rows(indices, weight.size(0), first_row, rule, op);
   std::vector<int64_t> size = indices.sizes().vec();
   size.insert(size.end(), weight.sizes().begin() + 1, weight.sizes().end());
   at::Tensor out = empty_host(size, weight.scalar_type());

@@ -17,120 +17,160 @@ namespace {
   throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: " + message);
 }
 
-// out[d] += scale(row[d]) for d in [0, dim), kBlock elements at a time through local copies: -O2
-// vectorizes a loop of fixed count over unaliased arrays, not the plain loop. Each element gets the
-// same operations either way.
-template <class Scale>
-void add_row(float* out, const float* row, uint32_t dim, Scale scale) {
-  constexpr uint32_t kBlock = 16;
-  uint32_t d = 0;
-  for (; d + kBlock <= dim; d += kBlock) {
-    float sum[kBlock];
-    float add[kBlock];
-    std::memcpy(sum, out + d, sizeof(sum));
-    std::memcpy(add, row + d, sizeof(add));
-    for (uint32_t k = 0; k < kBlock; ++k) sum[k] += scale(add[k]);
-    std::memcpy(out + d, sum, sizeof(sum));
-  }
-  for (; d < dim; ++d) out[d] += scale(row[d]);
-}
-
-// The row additions of Sum and Mean bags, the bulk of embedding_bag's compute: out[d] += row[d], and
-// out[d] += weight * row[d] with per-sample weights, for d in [0, dim). The build targets baseline
-// x86-64, whose 16-byte vectors left pooling compute-bound: with 64-byte ones a pooled gather of
-// 1M x 128 rows measured 25% faster. Each element gets the same float32 operations at every width: a
-// weighted row's product is rounded before the addition (the empty asm keeps GCC from fusing the two
-// into a multiply-add where the target has one, which would change results).
-struct RowAdders {
-  void (*add)(float* out, const float* row, uint32_t dim);
-  void (*add_scaled)(float* out, const float* row, uint32_t dim, float weight);
+// The row additions of Sum and Mean bags, the bulk of embedding_bag's compute. Each adds `count`
+// rows into out, element by element in row order — out[d] + rows[0][d] + rows[1][d] + ..., or with
+// per-sample weights out[d] + weights[0] * rows[0][d] + ..., each product rounded before its
+// addition (the empty asm keeps GCC from fusing the two into a multiply-add where the target has one,
+// which would change results) — starting from 0 instead of out when from_zero. The sums stay in
+// registers across a bag's rows, a block of columns at a time, instead of a load and a store of out
+// per row: 65,536 ids in bags of 4 of rows in cache pooled in 0.85 ms instead of 0.94 (2 threads).
+//
+// The build targets baseline x86-64, whose 16-byte vectors left pooling compute-bound: with 64-byte
+// ones a pooled gather of 1M x 128 rows measured 25% faster. Each element gets the same float32
+// operations at every width.
+struct RowSummer {
+  void (*sum)(float* out, const float* const* rows, size_t count, uint32_t dim, bool from_zero);
+  void (*sum_scaled)(float* out, const float* const* rows, const float* weights, size_t count, uint32_t dim,
+                     bool from_zero);
 };
 
-// out[d] += weight * row[d] for d in [first, dim), each product rounded before its addition.
-inline void add_scaled_tail(float* out, const float* row, uint32_t first, uint32_t dim, float weight) {
-  for (uint32_t d = first; d < dim; ++d) {
-    float product = weight * row[d];
-    asm("" : "+x"(product));
-    out[d] += product;
+inline float scaled(float weight, float value) {
+  float product = weight * value;
+  asm("" : "+x"(product));
+  return product;
+}
+
+// Sums columns [d, d + kRegisters * width) of the rows into out, kRegisters vectors of sums that stay
+// in registers across the rows (the loops are unrolled for that: as an array the sums would live on
+// the stack). Vector is a GCC vector of floats, compiled for the instruction set of the target
+// function this is inlined into.
+template <class Vector, size_t kRegisters, bool kScaled>
+__attribute__((always_inline)) inline void sum_columns(float* out, const float* const* rows, const float* weights,
+                                                       size_t count, uint32_t d, bool from_zero) {
+  constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
+  Vector sums[kRegisters];
+#pragma GCC unroll 16
+  for (size_t r = 0; r < kRegisters; ++r) {
+    if (from_zero) {
+      sums[r] = Vector{};
+    } else {
+      std::memcpy(&sums[r], out + d + r * kWidth, sizeof(Vector));
+    }
+  }
+  for (size_t k = 0; k < count; ++k) {
+    const float* row = rows[k] + d;
+#pragma GCC unroll 16
+    for (size_t r = 0; r < kRegisters; ++r) {
+      Vector add;
+      std::memcpy(&add, row + r * kWidth, sizeof(add));
+      if constexpr (kScaled) {
+        add *= weights[k];
+        asm("" : "+v"(add));
+      }
+      sums[r] += add;
+    }
+  }
+#pragma GCC unroll 16
+  for (size_t r = 0; r < kRegisters; ++r) std::memcpy(out + d + r * kWidth, &sums[r], sizeof(Vector));
+}
+
+// One body for every vector width: blocks of 8 vectors of columns, then of 4, 2 and 1 (a row of 64
+// floats is 4 AVX-512 vectors, not 64 single floats), then the last columns one at a time.
+template <class Vector, bool kScaled>
+__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const float* const* rows,
+                                                            const float* weights, size_t count, uint32_t dim,
+                                                            bool from_zero) {
+  constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
+  uint32_t d = 0;
+  for (; d + 8 * kWidth <= dim; d += 8 * kWidth) sum_columns<Vector, 8, kScaled>(out, rows, weights, count, d, from_zero);
+  if (d + 4 * kWidth <= dim) {
+    sum_columns<Vector, 4, kScaled>(out, rows, weights, count, d, from_zero);
+    d += 4 * kWidth;
+  }
+  if (d + 2 * kWidth <= dim) {
+    sum_columns<Vector, 2, kScaled>(out, rows, weights, count, d, from_zero);
+    d += 2 * kWidth;
+  }
+  if (d + kWidth <= dim) {
+    sum_columns<Vector, 1, kScaled>(out, rows, weights, count, d, from_zero);
+    d += kWidth;
+  }
+  for (; d < dim; ++d) {
+    float sum = from_zero ? 0.0f : out[d];
+    for (size_t k = 0; k < count; ++k) sum += kScaled ? scaled(weights[k], rows[k][d]) : rows[k][d];
+    out[d] = sum;
   }
 }
 
-void add_row_portable(float* out, const float* row, uint32_t dim) {
-  add_row(out, row, dim, [](float value) { return value; });
-}
+// 16-byte vectors: the baseline x86-64 build's own width.
+using Floats4 = float __attribute__((vector_size(16)));
 
-void add_scaled_row_portable(float* out, const float* row, uint32_t dim, float weight) {
-  add_row(out, row, dim, [weight](float value) { return weight * value; });
+void sum_rows_portable(float* out, const float* const* rows, size_t count, uint32_t dim, bool from_zero) {
+  sum_rows_vectors<Floats4, false>(out, rows, nullptr, count, dim, from_zero);
+}
+void sum_scaled_rows_portable(float* out, const float* const* rows, const float* weights, size_t count, uint32_t dim,
+                              bool from_zero) {
+  sum_rows_vectors<Floats4, true>(out, rows, weights, count, dim, from_zero);
 }
 
 #ifdef RECDEV_STORE_AVX2_KERNELS
-// One body for every vector width: Vector is a GCC vector of floats, compiled for the instruction set
-// of the target function it is inlined into. out[d] += row[d], or with kScaled out[d] += weight *
-// row[d], each product rounded before its addition, for d in [0, dim).
-template <class Vector, bool kScaled>
-__attribute__((always_inline)) inline void add_row_vectors(float* out, const float* row, uint32_t dim, float weight) {
-  constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
-  uint32_t d = 0;
-  for (; d + kWidth <= dim; d += kWidth) {
-    Vector sum;
-    Vector add;
-    std::memcpy(&sum, out + d, sizeof(sum));
-    std::memcpy(&add, row + d, sizeof(add));
-    if constexpr (kScaled) {
-      add *= weight;
-      asm("" : "+v"(add));
-    }
-    sum += add;
-    std::memcpy(out + d, &sum, sizeof(sum));
-  }
-  if constexpr (kScaled) {
-    add_scaled_tail(out, row, d, dim, weight);
-  } else {
-    for (; d < dim; ++d) out[d] += row[d];
-  }
-}
-
 using Floats8 = float __attribute__((vector_size(32)));
 using Floats16 = float __attribute__((vector_size(64)));
 
-__attribute__((target("avx2"))) void add_row_avx2(float* out, const float* row, uint32_t dim) {
-  add_row_vectors<Floats8, false>(out, row, dim, 1.0f);
+__attribute__((target("avx2"))) void sum_rows_avx2(float* out, const float* const* rows, size_t count, uint32_t dim,
+                                                   bool from_zero) {
+  sum_rows_vectors<Floats8, false>(out, rows, nullptr, count, dim, from_zero);
 }
-__attribute__((target("avx2"))) void add_scaled_row_avx2(float* out, const float* row, uint32_t dim, float weight) {
-  add_row_vectors<Floats8, true>(out, row, dim, weight);
+__attribute__((target("avx2"))) void sum_scaled_rows_avx2(float* out, const float* const* rows, const float* weights,
+                                                          size_t count, uint32_t dim, bool from_zero) {
+  sum_rows_vectors<Floats8, true>(out, rows, weights, count, dim, from_zero);
 }
-__attribute__((target("avx512f"))) void add_row_avx512(float* out, const float* row, uint32_t dim) {
-  add_row_vectors<Floats16, false>(out, row, dim, 1.0f);
+__attribute__((target("avx512f"))) void sum_rows_avx512(float* out, const float* const* rows, size_t count,
+                                                        uint32_t dim, bool from_zero) {
+  sum_rows_vectors<Floats16, false>(out, rows, nullptr, count, dim, from_zero);
 }
-__attribute__((target("avx512f"))) void add_scaled_row_avx512(float* out, const float* row, uint32_t dim,
-                                                              float weight) {
-  add_row_vectors<Floats16, true>(out, row, dim, weight);
+__attribute__((target("avx512f"))) void sum_scaled_rows_avx512(float* out, const float* const* rows,
+                                                               const float* weights, size_t count, uint32_t dim,
+                                                               bool from_zero) {
+  sum_rows_vectors<Floats16, true>(out, rows, weights, count, dim, from_zero);
 }
 #endif
 
-RowAdders best_row_adders() {
+RowSummer best_row_summer() {
 #ifdef RECDEV_STORE_AVX2_KERNELS
-  if (cpu_has_avx512f()) return {&add_row_avx512, &add_scaled_row_avx512};
-  if (cpu_has_avx2()) return {&add_row_avx2, &add_scaled_row_avx2};
+  if (cpu_has_avx512f()) return {&sum_rows_avx512, &sum_scaled_rows_avx512};
+  if (cpu_has_avx2()) return {&sum_rows_avx2, &sum_scaled_rows_avx2};
 #endif
-  return {&add_row_portable, &add_scaled_row_portable};
+  return {&sum_rows_portable, &sum_scaled_rows_portable};
 }
 
-// Adds every non-skipped row of a bag into out, scaled by its per-sample weight when there is one,
-// and returns how many rows it took.
+// Sums every non-skipped row of a bag into out (which it overwrites), scaled by its per-sample
+// weight when there is one, and returns how many rows it took. Rows go to the summer kGroup at a
+// time: a bag of any size in a fixed buffer.
 size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, uint32_t dim, float* out) {
-  static const RowAdders adders = best_row_adders();
+  static const RowSummer summer = best_row_summer();
+  constexpr size_t kGroup = 32;
+  const float* group[kGroup];
+  float weights[kGroup];
+  size_t grouped = 0;
   size_t count = 0;
+  const auto flush = [&] {
+    if (bag.per_sample_weights != nullptr) {
+      summer.sum_scaled(out, group, weights, grouped, dim, count == grouped);
+    } else {
+      summer.sum(out, group, grouped, dim, count == grouped);
+    }
+    grouped = 0;
+  };
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const float* row = rows.next();
-    if (bag.per_sample_weights != nullptr) {
-      adders.add_scaled(out, row, dim, bag.per_sample_weights[position]);
-    } else {
-      adders.add(out, row, dim);
-    }
+    group[grouped] = rows.next();
+    if (bag.per_sample_weights != nullptr) weights[grouped] = bag.per_sample_weights[position];
+    ++grouped;
     ++count;
+    if (grouped == kGroup) flush();
   }
+  if (grouped > 0 || count == 0) flush();  // an empty bag still gets its zeros
   return count;
 }
 
@@ -157,16 +197,6 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& row
 }
 
 }  // namespace
-
-RowPointers::RowPointers(const float* const* rows, size_t count, uint32_t dim)
-    : rows_(rows), count_(count), row_bytes_(size_t{dim} * sizeof(float)) {
-  for (size_t k = 0; k < std::min(count, kAhead); ++k) prefetch_range(rows_[k], row_bytes_);
-}
-
-const float* RowPointers::next() {
-  if (next_ + kAhead < count_) prefetch_range(rows_[next_ + kAhead], row_bytes_);
-  return rows_[next_++];
-}
 
 void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   const size_t num_offsets = bag.num_bags + (bag.include_last_offset ? 1 : 0);
@@ -202,11 +232,11 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
   for (size_t b = first_bag; b < end_bag; ++b) {
     float* bag_out = out + b * dim;
     int64_t* bag_positions = max_positions != nullptr ? max_positions + b * dim : nullptr;
-    std::fill(bag_out, bag_out + dim, 0.0f);
-    if (bag_positions != nullptr) std::fill(bag_positions, bag_positions + dim, int64_t{-1});
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
     if (bag.mode == PoolingMode::Max) {
+      std::fill(bag_out, bag_out + dim, 0.0f);
+      if (bag_positions != nullptr) std::fill(bag_positions, bag_positions + dim, int64_t{-1});
       const bool ignore_nan = bag.ignore_nan != nullptr && bag.ignore_nan[b] != 0;
       max_bag(bag, begin, end, rows, dim, bag_out, bag_positions, ignore_nan);
       continue;

@@ -2,8 +2,11 @@
 // validation and reduction, on rows the table has located (in place, or gathered into a buffer).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+
+#include "prefetch.h"
 
 namespace recdev::store {
 
@@ -42,9 +45,15 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows);
 // anywhere in memory, each prefetched a few rows ahead of its turn.
 class RowPointers {
  public:
-  RowPointers(const float* const* rows, size_t count, uint32_t dim);
+  RowPointers(const float* const* rows, size_t count, uint32_t dim)
+      : rows_(rows), count_(count), row_bytes_(size_t{dim} * sizeof(float)) {
+    for (size_t k = 0; k < std::min(count, kAhead); ++k) prefetch_range(rows_[k], row_bytes_);
+  }
   // The next row, in order; there must be one.
-  const float* next();
+  const float* next() {
+    if (next_ + kAhead < count_) prefetch_range(rows_[next_ + kAhead], row_bytes_);
+    return rows_[next_++];
+  }
 
  private:
   static constexpr size_t kAhead = 8;

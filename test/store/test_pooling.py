@@ -182,17 +182,21 @@ def test_bad_arguments_are_refused_before_reading(store_mod, make_table, kwargs,
     assert table.stats().rows == 0  # nothing was materialized
 
 
-@pytest.mark.parametrize("dim", [1, 8, 15, 16, 17, 40, 128, 131])
+@pytest.mark.parametrize("dim", [1, 8, 15, 16, 17, 40, 64, 100, 128, 131, 200, 256, 300])
 @pytest.mark.parametrize("mode", ["sum", "mean", "weighted sum"])
 def test_sums_are_float32_additions_in_bag_order_at_every_width(store_mod, make_table, rng, dim, mode):
-    # Sum and mean add rows with the widest vectors the CPU has (16 floats at a time, then the rest
-    # one by one): every element must still be the float32 sum of its bag's rows in bag order, as CPU
-    # embedding_bag gives, whatever dim leaves for the tail. A weighted row's product is rounded to
-    # float32 before it is added (no fused multiply-add).
+    # Sum and mean add rows with the widest vectors the CPU has, the sums of up to 8 vectors of columns
+    # in registers, then blocks of 4, 2 and 1 vectors, then the last columns one by one; a bag's rows
+    # go 32 at a time. Every element must still be the float32 sum of its bag's rows in bag order, as
+    # CPU embedding_bag gives, whatever dim leaves for each block size and however many groups of 32 a
+    # bag takes. A weighted row's product is rounded to float32 before it is added (no fused
+    # multiply-add).
     table = make_table(200, dim)
     weight = rng.standard_normal((200, dim)).astype(np.float32)
     table.write(np.arange(200, dtype=np.uint64), weight)
     ids, offsets, n = random_bags(rng, 64, max_bag=9)
+    offsets[-3:] = offsets[-3] + np.array([0, 32, 65])  # then bags of 32, 33 and 70 rows (over 3 groups)
+    n = int(offsets[-1]) + 70
     ids = rng.integers(0, 200, size=n).astype(np.uint64)
     if mode == "weighted sum":
         per_sample = rng.standard_normal(n).astype(np.float32)
