@@ -424,6 +424,7 @@ void bind_tables(py::module_& s) {
       .def("exists", &exists, py::arg("ids"))
       .def("erase", &erase, py::arg("ids"))
       .def("stats", &Table::stats)
+      .def("direct_index_bytes", &Table::direct_index_bytes)
       .def("set_optimizer", &Table::set_optimizer, py::arg("config"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("optimizer", &Table::optimizer)
       .def("set_learning_rate", &Table::set_learning_rate, py::arg("lr"), py::call_guard<py::gil_scoped_release>())

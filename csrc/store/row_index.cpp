@@ -127,9 +127,10 @@ std::pair<float*, bool> RowIndex::find_or_insert(uint64_t row_id, uint64_t hash)
   return {floats_at(slot), true};
 }
 
-bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
+RowIndex::Erased RowIndex::erase(uint64_t row_id, uint64_t hash) {
   const Location found = locate(hash);
-  if (found.slot == kNoSlot) return false;
+  if (found.slot == kNoSlot) return {};
+  Erased erased{true};
   const size_t slot = found.slot;
 
   // Backward-shift deletion: walk the cluster after the hole and move back every entry whose home
@@ -159,6 +160,8 @@ bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
         break;
       }
     }
+    erased.moved_id = moved_id;
+    erased.moved_record = floats_at(slot);
   }
   arena_.pop_back();
   ids_.pop_back();
@@ -172,7 +175,7 @@ bool RowIndex::erase(uint64_t row_id, uint64_t hash) {
       // Shrinking only saves memory; keeping the larger bucket array is correct too.
     }
   }
-  return true;
+  return erased;
 }
 
 void RowIndex::clear() {

@@ -71,8 +71,14 @@ class RowIndex {
   // bulk load knows its count). Throws StoreError(Full) like find_or_insert, leaving the index unchanged.
   void reserve(size_t rows);
 
-  // Returns whether the row was present. Invalidates pointers to the record that was last.
-  bool erase(uint64_t row_id, uint64_t hash);
+  // What erase did: whether the row was present, and where the sub-shard's last record went if it
+  // moved into the freed slot (moved_record null if none did). Pointers to it elsewhere are stale.
+  struct Erased {
+    bool found = false;
+    uint64_t moved_id = 0;
+    const float* moved_record = nullptr;
+  };
+  Erased erase(uint64_t row_id, uint64_t hash);
 
   void clear();
 

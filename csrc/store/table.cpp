@@ -249,12 +249,61 @@ float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {
   if (created) {
     fill_row(init_, init_stream_, row_id, dim_, num_rows_, record);
     std::fill(record + dim_, record + record_floats_, initial_state_);
+    note_materialized(row_id, record);
   }
   return record;
 }
 
+void Table::note_materialized(uint64_t row_id, const float* record) const {
+  materialized_.fetch_add(1, std::memory_order_relaxed);
+  if (direct_.built()) direct_.set(row_id, record);
+}
+
+void Table::build_direct_index_if_worth_it() const {
+  const size_t weight_bytes = size_t{dim_} * sizeof(float);
+  if (has_direct_index_.load(std::memory_order_relaxed) ||
+      !DirectIndex::worth_building(num_rows_, materialized_.load(std::memory_order_relaxed), weight_bytes)) {
+    return;
+  }
+  const auto locks = lock_all_shards();
+  if (!direct_.built()) reindex_all_rows();
+}
+
+void Table::drop_direct_index_unless_worth_keeping() {
+  const size_t weight_bytes = size_t{dim_} * sizeof(float);
+  if (!has_direct_index_.load(std::memory_order_relaxed) ||
+      DirectIndex::worth_keeping(num_rows_, materialized_.load(std::memory_order_relaxed), weight_bytes)) {
+    return;
+  }
+  const auto locks = lock_all_shards();
+  reindex_all_rows();
+}
+
+void Table::reindex_all_rows() const {
+  uint64_t rows = 0;
+  for (const Shard& shard : shards_) rows += shard.rows.size();
+  materialized_.store(rows, std::memory_order_relaxed);
+  const size_t weight_bytes = size_t{dim_} * sizeof(float);
+  const bool wanted = direct_.built() ? DirectIndex::worth_keeping(num_rows_, rows, weight_bytes)
+                                      : DirectIndex::worth_building(num_rows_, rows, weight_bytes);
+  direct_.drop();  // before building anew, so that memory never holds two
+  if (wanted) {
+    try {
+      direct_.build(num_rows_);
+      for (const Shard& shard : shards_) {
+        shard.rows.for_each([&](uint64_t row_id, const float* record) { direct_.set(row_id, record); });
+      }
+    } catch (const std::bad_alloc&) {
+      // Only an accelerator: the hash index serves every lookup without it.
+      direct_.drop();
+    }
+  }
+  has_direct_index_.store(direct_.built(), std::memory_order_relaxed);
+}
+
 void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const {
   found.unlock();
+  if (count == 0) return;
   found.hashes.resize(count);
   found.index_of_row.resize(count);
   found.records.resize(count);
@@ -267,6 +316,10 @@ void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords
   }
   for (size_t s = 0; s < kNumShards; ++s) {
     if (touched[s]) found.locks[s] = std::shared_lock<std::shared_mutex>(shards_[s].mutex);
+  }
+  if (direct_.built()) {  // read under the locks just taken: it changes only under all of them
+    direct_.find_all(ids, count, found.records.data());
+    return;
   }
   find_records([&](size_t k) -> const RowIndex& { return *found.index_of_row[k]; }, count,
                [&](size_t k) { return found.hashes[k]; }, found.records.data());
@@ -338,7 +391,10 @@ void Table::write_rows(const uint64_t* ids, size_t n, const std::byte* rows) {
           }
           const auto [record, created] = shard.rows.find_or_insert(ids[position], route.hash(begin + k));
           std::memcpy(record, rows + position * row_bytes, row_bytes);
-          if (created) std::fill(record + dim_, record + record_floats_, initial_state_);
+          if (created) {
+            std::fill(record + dim_, record + record_floats_, initial_state_);
+            note_materialized(ids[position], record);
+          }
         });
   }
   writes_.fetch_add(n, std::memory_order_relaxed);
@@ -354,11 +410,13 @@ void Table::write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, c
 
 void Table::gather(const uint64_t* ids, size_t n, float* out) {
   check_ids(ids, n);
+  build_direct_index_if_worth_it();
   read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::Materialize);
 }
 
 void Table::peek(const uint64_t* ids, size_t n, float* out) const {
   check_ids(ids, n);
+  build_direct_index_if_worth_it();
   read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::ComputeInit);
 }
 
@@ -372,6 +430,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: ignoring nan needs the max positions");
   }
   check_ids(ids, num_ids);
+  build_direct_index_if_worth_it();
   // Bags are pooled a block at a time: a block holds whole bags and at most kLockedBlockIds ids, unless a
   // single bag is larger.
   std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
@@ -470,9 +529,17 @@ void Table::erase(const uint64_t* ids, size_t n) {
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
-      shard.rows.erase(ids[route.position(entry)], route.hash(entry));
+      const uint64_t row_id = ids[route.position(entry)];
+      const RowIndex::Erased erased = shard.rows.erase(row_id, route.hash(entry));
+      if (!erased.found) continue;
+      materialized_.fetch_sub(1, std::memory_order_relaxed);
+      if (direct_.built()) {
+        direct_.set(row_id, nullptr);
+        if (erased.moved_record != nullptr) direct_.set(erased.moved_id, erased.moved_record);
+      }
     }
   }
+  drop_direct_index_unless_worth_keeping();
 }
 
 TableStats Table::stats() const {
@@ -488,10 +555,16 @@ TableStats Table::stats() const {
     stats.rows += shard.rows.size();
     stats.bytes += shard.rows.bytes();
   }
+  stats.bytes += direct_index_bytes();
   return stats;
 }
 
-std::vector<std::unique_lock<std::shared_mutex>> Table::lock_all_shards() {
+size_t Table::direct_index_bytes() const {
+  std::shared_lock<std::shared_mutex> lock(shards_[0].mutex);  // any one: it changes under all of them
+  return direct_.bytes();
+}
+
+std::vector<std::unique_lock<std::shared_mutex>> Table::lock_all_shards() const {
   // Sub-shard locks are always taken in index order (here and in scan), so whole-table operations
   // cannot deadlock with each other; batch operations hold one sub-shard lock at a time.
   std::vector<std::unique_lock<std::shared_mutex>> locks;
@@ -549,6 +622,7 @@ void Table::set_init(const InitRule& rule) {
   std::lock_guard<std::mutex> init_lock(init_mutex_);
   // A moved-from RowIndex is empty, with the same record width.
   for (Shard& shard : shards_) dropped.push_back(std::move(shard.rows));
+  reindex_all_rows();
   init_ = rule;
 }
 
@@ -581,6 +655,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   auto locks = lock_all_shards();
   std::lock_guard<std::mutex> init_lock(init_mutex_);
   for (size_t s = 0; s < kNumShards; ++s) std::swap(shards_[s].rows, rows.shards_[s]);
+  reindex_all_rows();
   state_floats_ = state_floats;
   record_floats_ = rows.record_floats();
   rows.record_floats_ = dim_ + state_floats_;  // what the old rows now held by `rows` are
@@ -626,6 +701,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
       old_rows.push_back(std::move(shards_[s].rows));
       shards_[s].rows = std::move(relaid[s]);
     }
+    reindex_all_rows();
   } else if (kind_changed && new_state_floats > 0) {
     for (Shard& shard : shards_) {
       shard.rows.for_each([&](uint64_t, const float* record) {

@@ -28,6 +28,10 @@
 // exhausted halfway through a batch — after which the rows already written keep their new values
 // (each row is still all or nothing).
 //
+// Direct index: a table whose ids are dense enough also maps every row id straight to its record
+// (direct_index.h), which batch reads use instead of the hash index. It is built by the first batch
+// read that finds the table dense enough, and follows every change of where records live below.
+//
 // Lock order: optimizer_mutex_, then sub-shard locks in index order, then init_mutex_.
 #pragma once
 
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include "coalesce.h"
+#include "direct_index.h"
 #include "embedding_bag.h"
 #include "init_rule.h"
 #include "optimizer.h"
@@ -183,6 +188,8 @@ class Table {
   void erase(const uint64_t* ids, size_t n);
 
   TableStats stats() const;
+  // The bytes of the direct index (0 while the table has none); also counted by stats().bytes.
+  size_t direct_index_bytes() const;
 
   // ---- Fused optimizer (optimizer.h) ----
 
@@ -289,6 +296,15 @@ class Table {
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash) const;
+  // Records that a row was materialized; under its sub-shard's write lock.
+  void note_materialized(uint64_t row_id, const float* record) const;
+  // Builds the direct index if the table has become dense enough for one (takes every sub-shard's
+  // lock to do so); drops it once erasures have made it too large for the rows left.
+  void build_direct_index_if_worth_it() const;
+  void drop_direct_index_unless_worth_keeping();
+  // After the rows were replaced wholesale, under every sub-shard's write lock: recounts them and
+  // rebuilds the direct index for them, or drops it.
+  void reindex_all_rows() const;
   // check_gradients throws unless every gradient is finite (naming the first bad one in batch order);
   // apply_update applies one sub-shard's coalesced gradients under its lock.
   // apply_gradients: update's core, for n ids with their gradient rows; every row's floats are among
@@ -298,7 +314,7 @@ class Table {
   void check_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
                        size_t value_count, size_t threads) const;
   void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
-  std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards();
+  std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards() const;
   // What scan and snapshot hold while they read: the optimizer lock exclusively, so that no update is
   // halfway through its rows and the step matches the rows, and every sub-shard's read lock.
   struct ViewLocks {
@@ -325,6 +341,12 @@ class Table {
   OptimizerConfig optimizer_;
   std::atomic<uint64_t> step_{0};
   mutable std::array<Shard, kNumShards> shards_;
+  // Changed under every sub-shard's write lock only; its entries under their rows' sub-shard locks.
+  mutable DirectIndex direct_;
+  // direct_.built(), and the materialized rows: for deciding about the direct index without taking
+  // every lock.
+  mutable std::atomic<bool> has_direct_index_{false};
+  mutable std::atomic<uint64_t> materialized_{0};
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> updates_{0};

@@ -45,6 +45,8 @@ def test_memory_within_bound(make_table, rng, dim, ids_kind):
         table = make_table(ALL_64_BIT_IDS, dim)
         ids = np.unique(rng.integers(0, ALL_64_BIT_IDS, size=n, dtype=np.uint64))
     fill(table, ids, dim)
+    table.gather(ids[:1])  # a read gives a dense table its direct index, counted too
+    assert (table.direct_index_bytes() > 0) == (ids_kind == "dense")
     assert table.stats().rows == len(ids)
     assert ratio(table, dim) <= MEMORY_BOUND
 
