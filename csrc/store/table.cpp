@@ -476,6 +476,7 @@ bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_
 
 void Table::write(const uint64_t* ids, size_t n, const float* rows) {
   check_ids(ids, n);
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
   write_rows(ids, n, reinterpret_cast<const std::byte*>(rows));
 }
 
@@ -496,6 +497,7 @@ void Table::read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const {
 
 void Table::write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) {
   check_byte_range(byte_offset, nbytes);
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
   const auto* const source = static_cast<const std::byte*>(data);
   split_into_rows(
       byte_offset, nbytes, uint64_t{dim_} * sizeof(float),
@@ -523,6 +525,7 @@ void Table::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
 
 void Table::erase(const uint64_t* ids, size_t n) {
   check_ids(ids, n);
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
   const ShardRoute route(ids, n);
   for (size_t s = 0; s < kNumShards; ++s) {
     if (route.begin(s) == route.end(s)) continue;
@@ -574,7 +577,7 @@ std::vector<std::unique_lock<std::shared_mutex>> Table::lock_all_shards() const 
 }
 
 Table::ViewLocks Table::lock_for_view() const {
-  ViewLocks locks{std::unique_lock<std::shared_mutex>(optimizer_mutex_), {}};
+  ViewLocks locks{std::unique_lock<std::shared_mutex>(request_mutex_), {}};
   locks.shards.reserve(kNumShards);
   for (const Shard& shard : shards_) locks.shards.emplace_back(shard.mutex);
   return locks;
@@ -651,7 +654,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
                          std::to_string(id_) + " with optimizer " + describe(optimizer) + ", which needs " +
                          std::to_string(optimizer_state_floats(optimizer.kind, dim_)));
   }
-  std::unique_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
+  std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
   std::lock_guard<std::mutex> init_lock(init_mutex_);
   for (size_t s = 0; s < kNumShards; ++s) std::swap(shards_[s].rows, rows.shards_[s]);
@@ -676,7 +679,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   const uint32_t new_record_floats = dim_ + new_state_floats;
 
   std::vector<RowIndex> old_rows;  // freed after the locks are released
-  std::unique_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
+  std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
   const bool kind_changed = config.kind != optimizer_.kind;
   if (new_state_floats != state_floats_) {
@@ -720,16 +723,16 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   optimizer_ = config;
   if (kind_changed) step_.store(0);
   locks.clear();
-  optimizer_lock.unlock();
+  request.unlock();
 }
 
 OptimizerConfig Table::optimizer() const {
-  std::shared_lock<std::shared_mutex> lock(optimizer_mutex_);
+  std::shared_lock<std::shared_mutex> lock(request_mutex_);
   return optimizer_;
 }
 
 void Table::set_learning_rate(double lr) {
-  std::unique_lock<std::shared_mutex> lock(optimizer_mutex_);
+  std::unique_lock<std::shared_mutex> lock(request_mutex_);
   if (optimizer_.kind == OptimizerKind::None) {
     throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
                                                      " has no optimizer to set the learning rate of; the optimizers are " +
@@ -742,12 +745,12 @@ void Table::set_learning_rate(double lr) {
 }
 
 uint64_t Table::optimizer_step() const {
-  std::shared_lock<std::shared_mutex> lock(optimizer_mutex_);
+  std::shared_lock<std::shared_mutex> lock(request_mutex_);
   return step_.load();
 }
 
 void Table::set_optimizer_step(uint64_t step) {
-  std::unique_lock<std::shared_mutex> lock(optimizer_mutex_);
+  std::unique_lock<std::shared_mutex> lock(request_mutex_);
   step_.store(step);
 }
 
@@ -770,7 +773,7 @@ void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
 
 void Table::apply_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
                             size_t value_count) {
-  std::shared_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
   if (optimizer_.kind == OptimizerKind::None) {
     throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
                                                      " has no optimizer: attach one with set_optimizer (" +
@@ -837,7 +840,7 @@ void Table::apply_update(Shard& shard, const std::vector<CoalescedGradients::Row
 uint32_t Table::gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const {
   check_ids(ids, n);
   // Shared: the state width cannot change meanwhile (set_optimizer and install are exclusive).
-  std::shared_lock<std::shared_mutex> optimizer_lock(optimizer_mutex_);
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
   const uint32_t width = state_floats_;
   out.assign(n * width, 0.0f);
   if (width == 0) return 0;

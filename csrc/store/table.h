@@ -32,7 +32,13 @@
 // (direct_index.h), which batch reads use instead of the hash index. It is built by the first batch
 // read that finds the table dense enough, and follows every change of where records live below.
 //
-// Lock order: optimizer_mutex_, then sub-shard locks in index order, then init_mutex_.
+// Snapshots are point-in-time: every request that changes rows (write, write_bytes, erase, update,
+// update_pooled) holds request_mutex_ shared from its first row to its last, and scan / scan_into /
+// snapshot hold it exclusively, so a snapshot holds each request wholly or not at all. Whole-table
+// changes (set_init, set_optimizer, install) hold every sub-shard's write lock, which excludes a view
+// too. Without this, a write taking sub-shard locks one at a time could be seen half applied.
+//
+// Lock order: request_mutex_, then sub-shard locks in index order, then init_mutex_.
 #pragma once
 
 #include <array>
@@ -315,10 +321,10 @@ class Table {
                        size_t value_count, size_t threads) const;
   void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards() const;
-  // What scan and snapshot hold while they read: the optimizer lock exclusively, so that no update is
+  // What scan and snapshot hold while they read: request_mutex_ exclusively, so that no request is
   // halfway through its rows and the step matches the rows, and every sub-shard's read lock.
   struct ViewLocks {
-    std::unique_lock<std::shared_mutex> optimizer;
+    std::unique_lock<std::shared_mutex> requests;
     std::vector<std::shared_lock<std::shared_mutex>> shards;
   };
   ViewLocks lock_for_view() const;
@@ -335,9 +341,10 @@ class Table {
   InitRule init_;
   uint64_t init_stream_;
   mutable std::mutex init_mutex_;
-  // optimizer_ and step_ change only under an exclusive optimizer_mutex_; update holds it shared
-  // (and increments step_ atomically), scan exclusively.
-  mutable std::shared_mutex optimizer_mutex_;
+  // Held shared by each request that changes rows, for all of it, and exclusively by views (scan,
+  // snapshot). optimizer_ and step_ change only under it exclusively; update holds it shared (and
+  // increments step_ atomically).
+  mutable std::shared_mutex request_mutex_;
   OptimizerConfig optimizer_;
   std::atomic<uint64_t> step_{0};
   mutable std::array<Shard, kNumShards> shards_;

@@ -1,0 +1,153 @@
+"""Checkpoints are point-in-time: a save racing with requests holds each request wholly or not at all
+(per shard, on a remote store). Each test races one kind of request against ops.save on purpose and
+then inspects every file saved."""
+
+import importlib.util
+import pathlib
+import threading
+import time
+
+import numpy as np
+import torch
+
+import torch_recdev
+from torch_recdev import ops
+
+ROWS, DIM = 100_000, 16
+# A tear needs the save to pass the request between two of its sub-shard locks: rare per save, so
+# each test saves as often as it can for a while (about 20 saves a second here).
+RACE_SECONDS, MAX_SAVES = 6.0, 150
+
+
+def _wire():
+    """The wire protocol's Python twin (test/server/wire.py), for owner_shard."""
+    path = pathlib.Path(__file__).parents[1] / "server" / "wire.py"
+    spec = importlib.util.spec_from_file_location("recdev_test_wire", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def shard_groups(name, ids):
+    """The ids each shard owns (one group for the embedded store): the unit a snapshot is atomic for."""
+    num_shards = torch_recdev.store_info()["shards"] or 1
+    if num_shards == 1:
+        return [ids]
+    wire = _wire()
+    key = wire.route_key_of_name(name)
+    owners = np.array([wire.owner_shard(key, int(i), num_shards) for i in ids])
+    return [ids[owners == shard] for shard in range(num_shards)]
+
+
+def race_saves(tmp_path, request_forever):
+    """Runs request_forever(stop) on a thread while saving checkpoints for RACE_SECONDS; returns
+    their paths."""
+    stop = threading.Event()
+    errors = []
+
+    def run():
+        try:
+            request_forever(stop)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the main thread
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    paths = []
+    deadline = time.monotonic() + RACE_SECONDS
+    try:
+        while time.monotonic() < deadline and len(paths) < MAX_SAVES:
+            paths.append(tmp_path / f"race{len(paths)}.ckpt")
+            ops.save(paths[-1])
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive(), "the request thread did not stop"
+    if errors:
+        raise errors[0]
+    return paths
+
+
+def saved_states(name, table, paths, ids):
+    """(rows, exists) of `ids` in each saved file, loaded one after another."""
+    for path in paths:
+        assert name in ops.load(path)
+        keys = torch.from_numpy(ids)
+        yield ops.emb_read(table, keys).cpu().numpy(), ops.emb_exists(table, keys).cpu().numpy()
+
+
+def test_a_save_holds_each_write_wholly_or_not_at_all(tmp_path):
+    name = "snapshot_race_write"
+    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero())
+    ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)  # every sub-shard and every shard
+
+    def write_forever(stop):
+        value = 0
+        while not stop.is_set():
+            value += 1
+            ops.emb_write(table, torch.from_numpy(ids), torch.full((len(ids), DIM), float(value)))
+
+    paths = race_saves(tmp_path, write_forever)
+    groups = shard_groups(name, ids)
+    position = {int(row): k for k, row in enumerate(ids)}
+    for k, (rows, _) in enumerate(saved_states(name, table, paths, ids)):
+        for group in groups:
+            values = np.unique(rows[[position[int(row)] for row in group]])
+            assert len(values) == 1, f"save {k} holds parts of writes {values.tolist()} on one shard"
+
+
+def test_a_save_holds_each_delete_wholly_or_not_at_all(tmp_path):
+    name = "snapshot_race_delete"
+    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero())
+    ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)
+    keys = torch.from_numpy(ids)
+
+    def write_and_delete_forever(stop):
+        while not stop.is_set():
+            ops.emb_write(table, keys, torch.ones(len(ids), DIM))
+            ops.emb_delete(table, keys)
+
+    paths = race_saves(tmp_path, write_and_delete_forever)
+    position = {int(row): k for k, row in enumerate(ids)}
+    for k, (_, exists) in enumerate(saved_states(name, table, paths, ids)):
+        for group in shard_groups(name, ids):
+            held = exists[[position[int(row)] for row in group]]
+            assert held.all() or not held.any(), f"save {k} holds {int(held.sum())} of {len(held)} rows of one delete"
+
+
+def test_a_save_holds_each_update_wholly_or_not_at_all(tmp_path):
+    name = "snapshot_race_update"
+    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero(), optimizer=("sgd", {"lr": 1.0}))
+    ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)
+    keys, grads = torch.from_numpy(ids), -torch.ones(len(ids), DIM)
+
+    def update_forever(stop):
+        while not stop.is_set():
+            ops.emb_update(table, keys, grads)  # every row + 1.0 per update: exact in float32
+
+    paths = race_saves(tmp_path, update_forever)
+    position = {int(row): k for k, row in enumerate(ids)}
+    for k, (rows, _) in enumerate(saved_states(name, table, paths, ids)):
+        for group in shard_groups(name, ids):
+            values = np.unique(rows[[position[int(row)] for row in group]])
+            assert len(values) == 1, f"save {k} holds parts of updates {values.tolist()} on one shard"
+
+
+
+def test_a_save_holds_each_tensor_copy_wholly_or_not_at_all(tmp_path):
+    # copy_ into a table writes through write_bytes, a batch of rows at a time: one request still.
+    name = "snapshot_race_copy"
+    table = ops.init_embedding_table(name, ROWS, DIM, init=torch_recdev.Zero())
+    ids = np.arange(ROWS, dtype=np.int64)
+
+    def copy_forever(stop):
+        value = 0
+        while not stop.is_set():
+            value += 1
+            table.copy_(torch.full((ROWS, DIM), float(value)))
+
+    paths = race_saves(tmp_path, copy_forever)
+    for k, (rows, _) in enumerate(saved_states(name, table, paths, ids)):
+        for group in shard_groups(name, ids):
+            values = np.unique(rows[group])
+            assert len(values) == 1, f"save {k} holds parts of copies {values.tolist()} on one shard"
