@@ -259,11 +259,13 @@ def store_info() -> dict:
 
 def _connect_from_environment() -> None:
     """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``) makes the remote store current
-    at import."""
+    at import; the servers are reached at the store's first use (a table, an ops call,
+    ``store_info()``), so that ``import torch`` opens no socket. An unreachable server is an error
+    there, naming RECDEV_SERVERS."""
     servers = os.environ.get("RECDEV_SERVERS", "").strip()
     if not servers:
         return
-    try:
-        connect(servers, token=os.environ.get("RECDEV_TOKEN"), timeout=float(os.environ.get("RECDEV_TIMEOUT", "30")))
-    except (ConnectionError, PermissionError, ValueError, RuntimeError) as error:
-        raise type(error)(f"RECDEV_SERVERS={servers!r}: {error}") from error
+    timeout = float(os.environ.get("RECDEV_TIMEOUT", "30"))
+    if not timeout > 0:
+        raise ValueError(f"RECDEV_TIMEOUT must be a positive number of seconds; got {timeout}")
+    _C._connect_from_environment(servers, os.environ.get("RECDEV_TOKEN", ""), timeout)

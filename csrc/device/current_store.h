@@ -7,12 +7,21 @@
 
 #include "store/table_handle.h"
 
+#include <functional>
 #include <memory>
+#include <string>
 
 namespace recdev::device {
 
+// The current store; connects first if a connection is deferred (connect_on_first_use), and then
+// raises that connection's error, prefixed with its description, for as long as it fails.
 std::shared_ptr<store::StoreClient> current_store();
 void set_current_store(std::shared_ptr<store::StoreClient> client);
+
+// Makes `connect()` the current store at the first current_store() call, so that configuring a
+// remote store (RECDEV_SERVERS at `import torch`) opens no socket. `description` prefixes its errors
+// (e.g. "RECDEV_SERVERS='tcp://...'"). set_current_store drops a deferred connection.
+void connect_on_first_use(std::function<std::shared_ptr<store::StoreClient>()> connect, std::string description);
 
 // The in-process store (one per process, for its whole life).
 std::shared_ptr<store::StoreClient> embedded_store();

@@ -204,10 +204,17 @@ void connect(const std::optional<std::string>& servers, const std::string& token
   set_current_store(std::move(client));
 }
 
+// RECDEV_SERVERS at import: connected on the store's first use, so that `import torch` opens no socket.
+void connect_from_environment(const std::string& servers, const std::string& token, double timeout_seconds) {
+  connect_on_first_use([=] { return std::make_shared<net::RemoteStoreClient>(servers, token, timeout_seconds); },
+                       "RECDEV_SERVERS='" + servers + "'");
+}
+
 } // namespace
 
 void bind_table_api(py::module_& m) {
   m.def("_connect", &connect);
+  m.def("_connect_from_environment", &connect_from_environment);
   m.def("_store_info", &store_info);
   m.def("_named_table", &named_table);
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {

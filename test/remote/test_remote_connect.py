@@ -148,7 +148,7 @@ def test_errors_name_the_server_and_the_operation(start_shards):
         ops.emb_read(t, torch.arange(10))
 
 
-def test_recdev_servers_connects_at_import(start_shards):
+def test_recdev_servers_makes_the_store_remote(start_shards):
     servers = start_shards(2)
     addresses = local_shards.server_list(servers)
     code = textwrap.dedent(
@@ -167,10 +167,6 @@ def test_recdev_servers_connects_at_import(start_shards):
     t = ops.init_embedding_table("from_env", 10, 2)
     assert ops.emb_read(t, torch.tensor([3])).cpu().tolist() == [[4.0, 5.0]]
 
-    env["RECDEV_SERVERS"] = f"tcp://127.0.0.1:{free_port()}"
-    result = subprocess.run([sys.executable, "-c", "import torch_recdev"], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0
-    assert "RECDEV_SERVERS=" in result.stderr and "cannot connect" in result.stderr
 
 
 def test_a_forked_child_talks_on_its_own_connections(remote_shards):
