@@ -1,17 +1,81 @@
-"""Build torch_recdev: one torch C++ extension compiled with ninja, one
-translation unit per source file so that builds run in parallel."""
+"""Build torch_recdev: one torch C++ extension and the native recdev-server executable, both
+compiled with ninja, one translation unit per source file so that builds run in parallel."""
 
 import glob
 import os
+import subprocess
 
 # Importing torch autoloads an installed torch_recdev; a stale or half-built
 # one must not break the build that replaces it.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 from setuptools import find_packages, setup
+from distutils.command.build_scripts import build_scripts
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class IncrementalBuildExtension(BuildExtension.with_options(use_ninja=True)):
+    """pip's editable builds compile in a new temporary directory each time; compiling in build/temp
+    instead keeps ninja's object files, so a rebuild after a one-file change compiles one file."""
+
+    def build_extensions(self):
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+        super().build_extensions()
+        build_server()
+
+
+# recdev-server: csrc/store + csrc/net + csrc/server alone: no torch, no Python. Built beside _C and
+# installed on PATH (the executable itself, so that `ldd recdev-server` shows what it is).
+SERVER = os.path.join("torch_recdev", "recdev-server")
+SERVER_FLAGS = "-std=c++20 -O2 -g0 -Wall -Werror -Wno-unused-parameter -pthread"
+
+
+class CopyNativeScripts(build_scripts):
+    """Installs recdev-server on PATH as it is: setuptools reads scripts as text to fix their #! line,
+    and the editable install that `make build` runs skips data files."""
+
+    def copy_scripts(self):
+        self.mkpath(self.build_dir)
+        copied = []
+        for script in self.scripts:
+            copied.append(os.path.join(self.build_dir, os.path.basename(script)))
+            self.copy_file(script, copied[-1])
+        return copied, copied
+
+
+def server_sources():
+    found = []
+    for pattern in ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/server/*.cpp"]:
+        found += sorted(glob.glob(pattern, root_dir=ROOT))
+    return [path for path in found if not os.path.basename(path).startswith("py_")]
+
+
+def build_server():
+    """Compiles recdev-server with ninja in build/server (incremental: ninja tracks headers)."""
+    import ninja
+
+    build_dir = os.path.join(ROOT, "build", "server")
+    os.makedirs(build_dir, exist_ok=True)
+    lines = [
+        f"cxx = {os.environ.get('CXX', 'c++')}",
+        f"flags = {SERVER_FLAGS} -I{os.path.join(ROOT, 'csrc')}",
+        "rule cxx",
+        "  command = $cxx -MMD -MF $out.d $flags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule link",
+        "  command = $cxx -pthread $in -o $out",
+    ]
+    objects = []
+    for source in server_sources():
+        objects.append(source.replace("/", "_") + ".o")
+        lines.append(f"build {objects[-1]}: cxx {os.path.join(ROOT, source)}")
+    lines.append(f"build {os.path.join(ROOT, SERVER)}: link {' '.join(objects)}")
+    with open(os.path.join(build_dir, "build.ninja"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    subprocess.run([os.path.join(ninja.BIN_DIR, "ninja"), "-C", build_dir], check=True)
 
 
 def sources():
@@ -39,12 +103,12 @@ setup(
             extra_link_args=["-fopenmp"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": IncrementalBuildExtension, "build_scripts": CopyNativeScripts},
+    scripts=[SERVER],
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy"],
     entry_points={
         # `import torch` imports torch_recdev (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns it off).
         "torch.backends": ["recdev = torch_recdev:_autoload"],
-        "console_scripts": ["recdev-server = torch_recdev.server:main"],
     },
 )

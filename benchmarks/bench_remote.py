@@ -9,21 +9,24 @@ recdev-server shards, a 1M × 128 float32 named table with every row written,
   lookup as an unpooled remote gather pooled on the client: time and bytes on
   the loopback interface (from /proc/net/dev, headers included).
 - Payload bandwidth of the remote gather vs a raw loopback TCP stream between
-  two processes, measured in the same run, in alternating rounds."""
+  two processes, measured in the same run, in alternating rounds.
+- The native recdev-server: time from exec to `listening on`, and idle RSS."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import torch_recdev
+from torch_recdev import server
 from harness import Fact, Row, compare
 from local_servers import local_recdev_servers, local_redis_server
 
@@ -126,38 +129,61 @@ def _redis_gather(client, ids: np.ndarray) -> np.ndarray:
     return np.frombuffer(b"".join(rows), dtype=np.float32).reshape(len(rows), DIM)
 
 
-def run(quick: bool = False) -> list:
+def _against_redis(table, values: np.ndarray, ids: torch.Tensor, repeat: int):
+    """The remote gather against Redis holding the same rows, or a note where redis-server is missing."""
+    name = f"remote gather, {NUM_IDS:,} ids, {SHARDS} shards"
     if shutil.which("redis-server") is None:
-        return [Fact("remote store vs Redis", "not run: redis-server is not installed (`make bench` installs it)",
-                     "≥ 10×", False)]
+        return Fact(f"{name}, vs Redis", "not run: redis-server is not installed (`make bench` installs it)",
+                    "≥ 10×", False)
     import redis
 
+    with local_redis_server() as redis_port:
+        client = redis.Redis(port=redis_port)
+        _fill_redis(client, values)
+        if not np.array_equal(_redis_gather(client, ids.numpy()), values[ids.numpy()]):
+            raise RuntimeError("Redis returned other rows than were written")
+        recdev_s, redis_s = compare(
+            lambda: F.embedding(ids, table), lambda: _redis_gather(client, ids.numpy()), repeat=repeat
+        )
+    return Row(name, recdev_s, "Redis pipelined MGET (redis-py + hiredis)", redis_s, "≥ 10×", 10.0)
+
+
+def _server_start(runs: int) -> list:
+    """How long the native recdev-server takes to listen, and what it holds idle."""
+    times, rss = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.Popen([server.executable(), "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+        try:
+            if not proc.stdout.readline().startswith("listening on"):
+                raise RuntimeError("recdev-server did not start")
+            times.append(time.perf_counter() - start)
+            with open(f"/proc/{proc.pid}/status") as f:
+                rss.append(int(next(line for line in f if line.startswith("VmRSS")).split()[1]) / 1024)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    start_ms, rss_mib = statistics.median(times) * 1000, statistics.median(rss)
+    return [Fact("recdev-server: start to `listening on` (median)", f"{start_ms:.1f} ms", "< 100 ms", start_ms < 100),
+            Fact("recdev-server: idle RSS", f"{rss_mib:.1f} MiB", "< 20 MiB", rss_mib < 20)]
+
+
+def run(quick: bool = False) -> list:
     rows = NUM_ROWS // 20 if quick else NUM_ROWS
     repeat = 3 if quick else 10
     rng = np.random.default_rng(0)
     values = rng.standard_normal((rows, DIM), dtype=np.float32)
     ids = torch.from_numpy(rng.integers(0, rows, NUM_IDS, dtype=np.int64))
     offsets = torch.arange(0, NUM_IDS, BAG)
-    results = []
-    with local_recdev_servers(SHARDS) as addresses, local_redis_server() as redis_port:
+    results = _server_start(3 if quick else 10)
+    with local_recdev_servers(SHARDS) as addresses:
         torch_recdev.connect(",".join(addresses))
         try:
             table = torch_recdev.ops.init_embedding_table("bench_remote", rows, DIM)
             _fill_recdev(table, torch.from_numpy(values))
-            client = redis.Redis(port=redis_port)
-            _fill_redis(client, values)
-
-            expected = values[ids.numpy()]
-            if not np.array_equal(F.embedding(ids, table).cpu().numpy(), expected):
+            if not np.array_equal(F.embedding(ids, table).cpu().numpy(), values[ids.numpy()]):
                 raise RuntimeError("remote gather returned other rows than were written")
-            if not np.array_equal(_redis_gather(client, ids.numpy()), expected):
-                raise RuntimeError("Redis returned other rows than were written")
-
-            recdev_s, redis_s = compare(
-                lambda: F.embedding(ids, table), lambda: _redis_gather(client, ids.numpy()), repeat=repeat
-            )
-            results.append(Row(f"remote gather, {NUM_IDS:,} ids, {SHARDS} shards", recdev_s,
-                               "Redis pipelined MGET (redis-py + hiredis)", redis_s, "≥ 10×", 10.0))
+            results.append(_against_redis(table, values, ids, repeat))
 
             def pooled():
                 return F.embedding_bag(ids, table, offsets, mode="sum")

@@ -66,7 +66,7 @@ def by_table_size(quick: bool) -> Grid:
         gen = torch.Generator().manual_seed(size)
         fresh = [torch.randint(0, size, (batch,), generator=gen) for _ in range(repeat + 2)]
         batches = iter(fresh)
-        first_touch_s = median_seconds(lambda: F.embedding(next(batches), table), repeat=repeat)
+        first_touch_s = median_seconds(lambda table=table: F.embedding(next(batches), table), repeat=repeat)
         gather_s, update_s = _gather_and_update(table, fresh[0], repeat)
         stats = torch_recdev.table_stats(table)
         rows.append([f"{size:.0e}", _rate(batch, first_touch_s), _rate(batch, gather_s), _rate(batch, update_s),

@@ -1,6 +1,6 @@
 """recdev-server processes on this machine: for single-machine runs, examples,
-benchmarks and the tests. Each is a real `recdev-server` (started as
-`python -m torch_recdev.server`) on 127.0.0.1, on a port it picks itself and
+benchmarks and the tests. Each is a real `recdev-server` (the native executable,
+`torch_recdev.server.executable()`) on 127.0.0.1, on a port it picks itself and
 prints; whoever starts one stops it.
 
     servers = torch_recdev.local_shards.start_shards(2)
@@ -19,21 +19,13 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-STARTUP_TIMEOUT = 120.0  # importing torch on a loaded 2-core machine takes seconds
+from . import server
+
+STARTUP_TIMEOUT = 120.0  # a server listens within milliseconds, but loads its checkpoint first
 _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)\n")
-
-
-def server_env() -> dict:
-    """A server's environment: without RECDEV_SERVERS, or the server's own import of torch_recdev
-    would connect it to servers."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for name in ("RECDEV_SERVERS", "RECDEV_TOKEN", "RECDEV_TIMEOUT"):
-        env.pop(name, None)
-    return env
 
 
 class ServerProcess:
@@ -43,8 +35,8 @@ class ServerProcess:
         self.args = args
         fd, self.stderr_path = tempfile.mkstemp(prefix="recdev-server-", suffix=".log", dir=log_dir)
         with os.fdopen(fd, "w") as stderr:
-            self.proc = subprocess.Popen([sys.executable, "-m", "torch_recdev.server", *args],
-                                         stdout=subprocess.PIPE, stderr=stderr, text=True, env=server_env())
+            self.proc = subprocess.Popen([server.executable(), *args], stdout=subprocess.PIPE, stderr=stderr,
+                                         text=True)
         self.port = self._read_port()
 
     def _read_port(self) -> int:

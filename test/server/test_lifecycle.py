@@ -4,13 +4,13 @@ another layout are refused, periodic checkpoints, --max-memory, the --stats comm
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 import wire
+from torch_recdev import server
 from server_process import checksum
 from wire import ServerError, array, init_rule, optimizer, u64
 
@@ -18,8 +18,7 @@ DIM = 8
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "torch_recdev.server", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([server.executable(), *args], capture_output=True, text=True, timeout=timeout)
 
 
 def populate(conn, shard, num_shards, name="life.table"):
@@ -219,8 +218,3 @@ def test_bad_size_and_busy_port(start_server):
     result = run_cli("--listen", server.address)
     assert result.returncode == 1 and "cannot listen" in result.stderr
 
-
-def test_console_script_installed():
-    script = os.path.join(os.path.dirname(sys.executable), "recdev-server")
-    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "--checkpoint-dir" in result.stdout and "--max-memory" in result.stdout

@@ -1,0 +1,175 @@
+#include "command_line.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <regex>
+#include <sstream>
+
+namespace recdev::server {
+
+namespace {
+
+double parse_seconds(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || !std::isfinite(value) || value < 0) {
+    throw UsageError(flag + ": '" + text + "' is not a number of seconds >= 0");
+  }
+  return value;
+}
+
+uint32_t parse_count(const std::string& flag, const std::string& text, uint32_t minimum) {
+  size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = text.empty() || text[0] == '-' ? 0 : std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || value < minimum || value > std::numeric_limits<uint32_t>::max()) {
+    throw UsageError(flag + " must be a whole number >= " + std::to_string(minimum) + "; got '" + text + "'");
+  }
+  return uint32_t(value);
+}
+
+std::string trim(const std::string& text) {
+  const char* space = " \t\r\n\v\f";
+  const size_t first = text.find_first_not_of(space);
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(space) - first + 1);
+}
+
+using Setter = std::function<void(CommandLine&, const std::string&)>;
+
+// Every flag that takes a value, with what it sets.
+const std::map<std::string, Setter>& flags() {
+  static const auto* table = new std::map<std::string, Setter>{
+      {"--listen", [](CommandLine& c, const std::string& v) { c.server.listen = v; }},
+      {"--shard", [](CommandLine& c, const std::string& v) { c.server.service.shard = parse_count("--shard", v, 0); }},
+      {"--num-shards",
+       [](CommandLine& c, const std::string& v) { c.server.service.num_shards = parse_count("--num-shards", v, 1); }},
+      {"--token-file", [](CommandLine& c, const std::string& v) { c.token_file = v; }},
+      {"--checkpoint-dir", [](CommandLine& c, const std::string& v) { c.server.checkpoint_dir = v; }},
+      {"--checkpoint-every",
+       [](CommandLine& c, const std::string& v) { c.server.checkpoint_every = parse_seconds("--checkpoint-every", v); }},
+      {"--max-memory", [](CommandLine& c, const std::string& v) { c.server.service.max_memory = parse_bytes(v); }},
+      {"--lease-seconds",
+       [](CommandLine& c, const std::string& v) { c.server.service.lease_seconds = parse_seconds("--lease-seconds", v); }},
+      {"--max-connections",
+       [](CommandLine& c, const std::string& v) { c.server.max_connections = parse_count("--max-connections", v, 1); }},
+      {"--stats", [](CommandLine& c, const std::string& v) { c.stats_address = v; }},
+      {"--timeout", [](CommandLine& c, const std::string& v) { c.timeout_seconds = parse_seconds("--timeout", v); }},
+  };
+  return *table;
+}
+
+}  // namespace
+
+uint64_t parse_bytes(const std::string& text) {
+  static const std::regex size(R"(\s*(\d{1,19})\s*([kKmMgGtT]?)(?:i?[bB])?\s*)");
+  static const std::map<char, int> shifts{{'k', 10}, {'m', 20}, {'g', 30}, {'t', 40}};
+  std::smatch match;
+  if (!std::regex_match(text, match, size)) {
+    throw UsageError("'" + text + "' is not a size: use bytes, or a number with K, M, G or T (binary units)");
+  }
+  const unsigned long long value = std::stoull(match[1].str());
+  const int shift = match[2].length() == 0 ? 0 : shifts.at(char(std::tolower(match[2].str()[0])));
+  if (value > (std::numeric_limits<uint64_t>::max() >> shift)) throw UsageError("'" + text + "' is too large a size");
+  return uint64_t(value) << shift;
+}
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine line;
+  for (int k = 1; k < argc; ++k) {
+    std::string flag = argv[k];
+    std::string value;
+    bool has_value = false;
+    if (const size_t equals = flag.find('='); flag.rfind("--", 0) == 0 && equals != std::string::npos) {
+      value = flag.substr(equals + 1);
+      flag = flag.substr(0, equals);
+      has_value = true;
+    }
+    if (flag == "-h" || flag == "--help") {
+      line.help = true;
+      continue;
+    }
+    const auto setter = flags().find(flag);
+    if (setter == flags().end()) throw UsageError("unrecognized argument: " + std::string(argv[k]));
+    if (!has_value) {
+      if (k + 1 >= argc) throw UsageError("argument " + flag + ": expected one argument");
+      value = argv[++k];
+    }
+    setter->second(line, value);
+  }
+  return line;  // run_server checks how the values fit together (--shard below --num-shards, ...)
+}
+
+std::string read_token(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error("cannot read --token-file " + path + ": " + std::strerror(errno));
+  std::string first_line;
+  std::getline(file, first_line);
+  const std::string token = trim(first_line);
+  if (token.empty()) throw std::runtime_error("--token-file " + path + " is empty; put the token on its first line");
+  return token;
+}
+
+std::string usage() {
+  return "usage: recdev-server [--listen HOST:PORT] [--shard I] [--num-shards N] [--token-file F]\n"
+         "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
+         "                     [--lease-seconds SECONDS] [--max-connections N]\n"
+         "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
+}
+
+std::string help() {
+  return usage() + R"(
+
+Serve one shard of a remote recdev store (docs/server.md), or print a server's stats.
+
+  --listen HOST:PORT        address to listen on (default 127.0.0.1:7070, loopback only; port 0 picks a
+                            free port)
+  --shard I                 this server's shard, 0 to N-1 (default 0)
+  --num-shards N            number of shards of the store (default 1)
+  --token-file F            require the token on this file's first line from every client
+  --checkpoint-dir D        load this shard's checkpoint from D at start; write one there at shutdown
+  --checkpoint-every S      also write a checkpoint every S seconds (needs --checkpoint-dir)
+  --max-memory BYTES        answer 'store full' errors instead of growing past BYTES (e.g. 8G);
+                            default no limit
+  --lease-seconds S         free a session's anonymous tables after S seconds without a connection
+                            or request (default 60)
+  --max-connections N       refuse connections past N open ones (default 64)
+  --stats HOST:PORT         print the stats of the server at HOST:PORT and exit
+  --timeout S               --stats: give up after S seconds (default 10)
+  -h, --help                show this help and exit
+)";
+}
+
+std::string format_stats(const std::string& address, const net::ServerStats& stats) {
+  const std::string limit = stats.max_memory == 0 ? "none" : std::to_string(stats.max_memory);
+  char uptime[64];
+  std::snprintf(uptime, sizeof(uptime), "%.1f s", stats.uptime_seconds);
+  std::ostringstream out;
+  out << "server       " << address << " (shard " << stats.shard << " of " << stats.num_shards << ")\n"
+      << "tables       " << stats.tables << " (" << stats.named_tables << " named)\n"
+      << "rows         " << stats.rows << "\n"
+      << "bytes        " << stats.bytes << " (max-memory " << limit << ")\n"
+      << "requests     " << stats.requests << "\n"
+      << "errors       " << stats.errors << "\n"
+      << "connections  " << stats.connections << "\n"
+      << "sessions     " << stats.sessions << "\n"
+      << "uptime       " << uptime << "\n";
+  return out.str();
+}
+
+}  // namespace recdev::server

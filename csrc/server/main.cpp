@@ -1,0 +1,54 @@
+// recdev-server: the native executable serving one shard of a remote recdev store, built from
+// csrc/store and csrc/net alone (no torch, no Python). Flags as in docs/server.md:
+//
+//   recdev-server --listen 127.0.0.1:7070 --shard 0 --num-shards 2 [--token-file F]
+//                 [--checkpoint-dir D] [--checkpoint-every S] [--max-memory BYTES] ...
+//   recdev-server --stats 127.0.0.1:7070 [--token-file F] [--timeout S]
+//
+// Exit status: 0 after a clean shutdown (SIGTERM / SIGINT) or a --stats report; 1 when the server
+// cannot start or the stats cannot be read; 2 for a bad command line.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "net/connection.h"
+#include "net/server.h"
+#include "server/command_line.h"
+#include "store/errors.h"
+
+namespace {
+
+using recdev::server::CommandLine;
+
+int print_stats(const CommandLine& args) {
+  const auto timeout = std::chrono::milliseconds(int64_t(args.timeout_seconds * 1000));
+  recdev::net::Connection connection(args.stats_address, args.server.service.token, timeout);
+  const auto stats = connection.call<recdev::net::ServerStats>(recdev::net::Opcode::Stats, recdev::net::Empty{});
+  std::fputs(recdev::server::format_stats(args.stats_address, stats).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CommandLine args;
+  try {
+    args = recdev::server::parse_command_line(argc, argv);
+  } catch (const recdev::server::UsageError& error) {
+    std::fprintf(stderr, "%s\nrecdev-server: error: %s\n", recdev::server::usage().c_str(), error.what());
+    return 2;
+  }
+  if (args.help) {
+    std::fputs(recdev::server::help().c_str(), stdout);
+    return 0;
+  }
+  try {
+    if (!args.token_file.empty()) args.server.service.token = recdev::server::read_token(args.token_file);
+    if (!args.stats_address.empty()) return print_stats(args);
+    recdev::net::run_server(args.server);
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "recdev-server: %s\n", error.what());
+    return 1;
+  }
+}
