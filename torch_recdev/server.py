@@ -2,6 +2,7 @@
 
     recdev-server --listen 127.0.0.1:7070 --shard 0 --num-shards 2 [--token-file F]
                   [--checkpoint-dir D] [--checkpoint-every S] [--max-memory BYTES]
+                  [--max-connections N] [--idle-timeout SECONDS]
     recdev-server --stats 127.0.0.1:7070 [--token-file F]
 
 Also runnable as ``python -m torch_recdev.server``. See docs/server.md.
@@ -55,7 +56,11 @@ def _parser():
     p.add_argument("--lease-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="free a session's anonymous tables after SECONDS without a connection or request (default 60)")
     p.add_argument("--max-connections", type=int, default=64, metavar="N",
-                   help="refuse connections past N open ones (default 64)")
+                   help="refuse connections past N open ones (default 64); connections that have not sent "
+                        "HELLO take at most 16 and give way to newer ones")
+    p.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="close a connection after SECONDS without a request (default 300; clients reconnect "
+                        "by themselves)")
     p.add_argument("--stats", metavar="HOST:PORT", help="print the stats of the server at HOST:PORT and exit")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS", help="--stats: give up after SECONDS")
     return p
@@ -87,11 +92,11 @@ def main(argv=None):
             stats = _C._server.server_stats(args.stats, token, args.timeout)
             print(format_stats(args.stats, stats))
             return 0
-        if args.shard < 0 or args.num_shards < 1 or args.max_connections < 1:
-            raise ValueError("--shard must be >= 0, --num-shards >= 1 and --max-connections >= 1")
+        if args.shard < 0 or args.num_shards < 1 or args.max_connections < 1 or not args.idle_timeout > 0:
+            raise ValueError("--shard must be >= 0, --num-shards >= 1, --max-connections >= 1 and --idle-timeout > 0")
         _C._server.run_server(
             args.listen, args.shard, args.num_shards, token, args.max_memory, args.lease_seconds,
-            args.checkpoint_dir or "", args.checkpoint_every, args.max_connections,
+            args.checkpoint_dir or "", args.checkpoint_every, args.max_connections, args.idle_timeout,
         )
     except (RuntimeError, ValueError, OSError, KeyError, MemoryError) as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
