@@ -5,17 +5,21 @@
 
 namespace recdev::net {
 
-bool read_frame(Socket& socket, Frame& frame, Clock::time_point header_deadline,
-                std::chrono::milliseconds payload_timeout) {
-  uint8_t raw[kHeaderBytes];
-  if (!socket.read_exact(raw, kHeaderBytes, header_deadline, "a frame header")) return false;
+FrameHeader decode_header_or_refuse(const uint8_t raw[kHeaderBytes]) {
   try {
-    frame.header = decode_header(raw);
+    return decode_header(raw);
   } catch (const store::StoreError& error) {
     uint64_t request_id;
     std::memcpy(&request_id, raw + 8, sizeof(request_id));
     throw BadFrame(error, request_id, raw[4]);
   }
+}
+
+bool read_frame(Socket& socket, Frame& frame, Clock::time_point header_deadline,
+                std::chrono::milliseconds payload_timeout) {
+  uint8_t raw[kHeaderBytes];
+  if (!socket.read_exact(raw, kHeaderBytes, header_deadline, "a frame header")) return false;
+  frame.header = decode_header_or_refuse(raw);
   // The payload grows as its bytes arrive, so a peer that announces 256 MiB and sends little holds
   // little memory.
   constexpr size_t kChunk = size_t{4} << 20;

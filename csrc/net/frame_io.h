@@ -25,6 +25,9 @@ class BadFrame : public store::StoreError {
   uint8_t opcode;
 };
 
+// decode_header, or BadFrame carrying what could be read of the refused header.
+FrameHeader decode_header_or_refuse(const uint8_t raw[kHeaderBytes]);
+
 // Reads one frame: its header by header_deadline, its payload by payload_deadline (when the header
 // arrived). Returns false if the peer closed the connection cleanly before the frame. Throws BadFrame
 // for a header that fails decode_header, StoreError(Unavailable) for a timeout or a broken connection.

@@ -33,6 +33,9 @@ constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
 constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMaxMessageBytes = 64 * 1024;
+// The largest frame a server reads before HELLO: a HELLO with the longest token is 4118 bytes, so
+// a client that has not authenticated cannot make the server buffer more.
+constexpr uint32_t kMaxHelloPayloadBytes = 8 * 1024;
 // A table whose record (weight plus the widest optimizer state, Adam's 2 * dim) could not travel in
 // one frame is refused at creation: dim <= 2^24.
 constexpr uint32_t kMaxDim = uint32_t{1} << 24;

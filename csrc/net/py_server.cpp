@@ -21,7 +21,7 @@ void bind(py::module_& m) {
   s.def(
       "run_server",
       [](const std::string& listen, uint32_t shard, uint32_t num_shards, const std::string& token, uint64_t max_memory,
-         double lease_seconds, const std::string& checkpoint_dir, double checkpoint_every, uint32_t max_connections) {
+         double lease_seconds, const std::string& checkpoint_dir, double checkpoint_every, uint32_t max_connections, double idle_timeout) {
         ServerOptions options;
         options.listen = listen;
         options.service.shard = shard;
@@ -32,6 +32,7 @@ void bind(py::module_& m) {
         options.checkpoint_dir = checkpoint_dir;
         options.checkpoint_every = checkpoint_every;
         options.max_connections = max_connections;
+        options.idle_timeout = idle_timeout;
         // Requests run on their connections' threads. PyTorch's OpenMP pool, which the device installs
         // for the store's batches, would give every connection thread a team of its own, spinning
         // after each request on cores the other connections need: back to plain threads per batch.
@@ -41,7 +42,7 @@ void bind(py::module_& m) {
       },
       py::arg("listen"), py::arg("shard"), py::arg("num_shards"), py::arg("token") = "", py::arg("max_memory") = 0,
       py::arg("lease_seconds") = 60.0, py::arg("checkpoint_dir") = "", py::arg("checkpoint_every") = 0.0,
-      py::arg("max_connections") = 64,
+      py::arg("max_connections") = 64, py::arg("idle_timeout") = 300.0,
       "Serves one shard until SIGTERM or SIGINT (see docs/server.md).");
   s.def(
       "server_stats",

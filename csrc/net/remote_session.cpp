@@ -166,6 +166,8 @@ std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeou
     std::lock_guard<std::mutex> lock(link.mutex);
     session_id = link.session_id;
   }
+  const Clock::time_point deadline = Clock::now() + to_ms(timeout_seconds);
+  auto backoff = std::chrono::milliseconds(10);
   while (true) {
     auto connection = std::make_unique<ShardConnection>();
     try {
@@ -185,6 +187,14 @@ std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeou
     } catch (const StoreError& e) {
       if (e.code() == ErrorCode::NotFound && session_id != 0) {
         session_id = 0;  // the server restarted, or our session lapsed there: start a new one
+        continue;
+      }
+      // Refused for now (too many connections; dropped while waiting to say HELLO behind a flood of
+      // connections that never do) or closed before answering: try again until the timeout is
+      // spent, then report the server's reason.
+      if (e.code() == ErrorCode::Unavailable && Clock::now() + backoff < deadline) {
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
         continue;
       }
       throw;
@@ -263,8 +273,9 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
       }
       errors[call] = std::make_exception_ptr(
           StoreError(error.code, describe(channel.shard) + ", " + op_of(call) + ": " + error.message));
-      // After these the server closes the connection.
-      if (error.code == ErrorCode::Protocol || error.code == ErrorCode::PermissionDenied) {
+      // After these, and after a refusal not addressed to this request, the server closes the connection.
+      if (error.code == ErrorCode::Protocol || error.code == ErrorCode::PermissionDenied ||
+          channel.header.request_id != request_ids[call]) {
         channel.connection->broken = true;
       }
     } else {
@@ -332,7 +343,9 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
             return true;
           }
           const size_t call = channel.calls[channel.receive_index];
-          if (channel.header.request_id != request_ids[call]) {
+          // An error frame is read whatever its request id: a server refuses a connection (too many
+          // connections, shutting down) with request id 0, before it reads any request.
+          if (channel.header.request_id != request_ids[call] && (channel.header.flags & kFlagError) == 0) {
             fail(channel, "the answer carries request id " + std::to_string(channel.header.request_id) + ", expected " +
                               std::to_string(request_ids[call]));
             return true;

@@ -7,6 +7,11 @@
 // answer. Nothing blocks without a deadline: a server that makes no progress for `timeout` seconds,
 // refuses the connection or drops it gives StoreError(Unavailable) naming the server and the operation.
 //
+// Opening a connection tries again until the timeout while the server refuses it for now (too many
+// connections, or dropped while waiting to say HELLO) or closes it before answering HELLO, then
+// raises the server's reason. A pooled connection the server closed (its --idle-timeout) is noticed
+// before reuse and replaced.
+//
 // Restarts: a connection opened after a server lost the session (it restarted, or the session's lease
 // lapsed) starts a new session there and bumps that shard's epoch; tables check the epoch of the
 // connection they are about to use and look their table ids up again (RemoteTable).

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <mutex>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
@@ -25,9 +26,17 @@ using store::StoreError;
 
 namespace {
 
-constexpr auto kHelloTimeout = std::chrono::seconds(10);
+// A new connection has this long to send its whole HELLO, and at most this many wait for theirs at a
+// time: a client that has not authenticated holds a few KiB for a few seconds, no thread, and no slot
+// an authenticated connection could take.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+constexpr uint32_t kMaxWaitingForHello = 16;
 constexpr auto kPayloadTimeout = std::chrono::seconds(30);
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
+// Request buffers past this size are freed after their request, and a kept response buffer past it
+// after kBufferIdle without a request, so that an idle connection holds little.
+constexpr size_t kKeptBufferBytes = size_t{1} << 20;
+constexpr auto kBufferIdle = std::chrono::seconds(1);
 // How often an idle connection and the accept loop look at the stop flag.
 constexpr auto kStopPoll = std::chrono::milliseconds(200);
 // After a stop signal, how long a connection keeps answering requests that had already arrived.
@@ -72,7 +81,7 @@ class StopSignals {
   struct sigaction previous_int_ {};
 };
 
-// Counts the connection threads, so that shutdown can wait for all of them.
+// Counts the authenticated connections' threads, so that shutdown can wait for all of them.
 class ConnectionCount {
  public:
   bool try_add(uint32_t cap) {
@@ -80,6 +89,10 @@ class ConnectionCount {
     if (count_ >= cap) return false;
     ++count_;
     return true;
+  }
+  uint32_t count() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return count_;
   }
   void remove() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -111,49 +124,130 @@ bool send_response(Socket& socket, const Response& response) {
   }
 }
 
-// One connection, from HELLO to close. Never throws.
-void serve_connection(Socket socket, ShardService& service) {
-  service.connection_opened();
-  std::shared_ptr<Session> session;
+// Sends a short frame only if the socket takes it at once: for connections the server drops, whose
+// peer may never read.
+void send_now(Socket& socket, const std::vector<uint8_t>& frame) {
   try {
-    Frame frame;
-    Clock::time_point stopping_since{};
-    // The first frame: HELLO within the deadline.
-    const Clock::time_point hello_deadline = Clock::now() + kHelloTimeout;
-    bool open = read_frame(socket, frame, hello_deadline, kPayloadTimeout);
-    if (open) open = send_response(socket, service.handshake(frame, session)) && session != nullptr;
-    while (open) {
-      if (stop_requested.load()) {
-        // Requests that had already arrived when the stop came are still answered, for a while.
-        if (stopping_since == Clock::time_point{}) stopping_since = Clock::now();
-        if (Clock::now() - stopping_since > kStopGrace || !socket.wait_readable(std::chrono::milliseconds(0))) break;
-      } else if (!socket.wait_readable(kStopPoll)) {
-        continue;
-      }
-      try {
-        if (!read_frame(socket, frame, Clock::now() + kPayloadTimeout, kPayloadTimeout)) break;
-      } catch (const BadFrame& error) {
-        send_response(socket, service.refuse_frame(error));
-        break;
-      }
-      Response response = service.handle(*session, frame);
-      open = send_response(socket, response);
-      service.recycle(std::move(response.frame));
-    }
-  } catch (const BadFrame& error) {
-    send_response(socket, service.refuse_frame(error));
-  } catch (const std::exception&) {
-    // A broken or timed-out connection, or memory exhausted while reading a frame: end this one only.
+    write_frame(socket, frame, Clock::now());
+  } catch (const StoreError&) {
   }
-  if (session) service.end_connection(*session);
+}
+
+std::vector<uint8_t> refusal(ErrorCode code, uint64_t request_id, const std::string& reason) {
+  return encode_frame(Opcode::Hello, request_id, ErrorResponse{code, reason}, kFlagError);
+}
+
+// What one connection's buffers hold, kept in the service's memory figure.
+class BufferCount {
+ public:
+  explicit BufferCount(ShardService& service) : service_(service) {}
+  ~BufferCount() { set(0); }
+  BufferCount(const BufferCount&) = delete;
+  BufferCount& operator=(const BufferCount&) = delete;
+  void set(uint64_t bytes) {
+    service_.buffers_changed(bytes_, bytes);
+    bytes_ = bytes;
+  }
+
+ private:
+  ShardService& service_;
+  uint64_t bytes_ = 0;
+};
+
+// An authenticated connection, from its WELCOME to its close. Never throws.
+void serve_connection(Socket socket, ShardService& service, std::shared_ptr<Session> session,
+                      const Response& welcome, Clock::duration idle_timeout, double idle_timeout_seconds) {
+  {
+    BufferCount buffers(service);
+    try {
+      Frame frame;
+      Clock::time_point stopping_since{};
+      Clock::time_point last_request = Clock::now();
+      bool open = send_response(socket, welcome);
+      while (open) {
+        if (stop_requested.load()) {
+          // Requests that had already arrived when the stop came are still answered, for a while.
+          if (stopping_since == Clock::time_point{}) stopping_since = Clock::now();
+          if (Clock::now() - stopping_since > kStopGrace || !socket.wait_readable(std::chrono::milliseconds(0))) break;
+        } else if (!socket.wait_readable(kStopPoll)) {
+          const Clock::duration idle = Clock::now() - last_request;
+          if (idle > kBufferIdle && service.response_buffer_bytes() > kKeptBufferBytes) {
+            service.release_response_buffer();
+            buffers.set(frame.payload.capacity());
+          }
+          if (idle > idle_timeout) {
+            char seconds[32];
+            std::snprintf(seconds, sizeof(seconds), "%g", idle_timeout_seconds);
+            send_now(socket, refusal(ErrorCode::Unavailable, 0,
+                                     std::string("connection closed after ") + seconds +
+                                         " s without a request (--idle-timeout); open a new one"));
+            break;
+          }
+          continue;
+        }
+        try {
+          if (!read_frame(socket, frame, Clock::now() + kPayloadTimeout, kPayloadTimeout)) break;
+        } catch (const BadFrame& error) {
+          send_response(socket, service.refuse_frame(error));
+          break;
+        }
+        buffers.set(frame.payload.capacity() + service.response_buffer_bytes());
+        Response response = service.handle(*session, frame);
+        open = send_response(socket, response);
+        service.recycle(std::move(response.frame));
+        if (frame.payload.capacity() > kKeptBufferBytes) std::vector<uint8_t>().swap(frame.payload);
+        buffers.set(frame.payload.capacity() + service.response_buffer_bytes());
+        last_request = Clock::now();
+      }
+    } catch (const std::exception&) {
+      // A broken or timed-out connection, or memory exhausted while reading a frame: end this one only.
+    }
+  }
+  service.end_connection(*session);
   service.connection_closed();
 }
 
-void refuse_connection(Socket socket, const std::string& reason) {
-  try {
-    const auto frame = encode_frame(Opcode::Hello, 0, ErrorResponse{ErrorCode::Unavailable, reason}, kFlagError);
-    write_frame(socket, frame, Clock::now() + std::chrono::seconds(1));
-  } catch (const std::exception&) {
+// A new connection until its first frame is whole, read by the accept loop without blocking.
+struct Waiting {
+  Socket socket;
+  Clock::time_point deadline;
+  uint8_t header[kHeaderBytes];
+  size_t header_have = 0;
+  Frame frame;
+  size_t payload_have = 0;
+  bool done = false;  // handed off or closed: to be removed
+};
+
+// Reads what has arrived of a waiting connection's first frame; true once it is whole. Throws
+// BadFrame for a header decode_header refuses or a frame too large to come before HELLO, and
+// StoreError(Unavailable) when the peer closed or broke the connection.
+bool read_first_frame(Waiting& waiting) {
+  while (true) {
+    const bool in_header = waiting.header_have < kHeaderBytes;
+    if (!in_header && waiting.payload_have == waiting.frame.payload.size()) return true;
+    uint8_t* into = in_header ? waiting.header + waiting.header_have : waiting.frame.payload.data() + waiting.payload_have;
+    const size_t want = in_header ? kHeaderBytes - waiting.header_have : waiting.frame.payload.size() - waiting.payload_have;
+    const ssize_t got = ::recv(waiting.socket.fd(), into, want, MSG_DONTWAIT);
+    if (got == 0) throw StoreError(ErrorCode::Unavailable, "closed before HELLO");
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      throw StoreError(ErrorCode::Unavailable, std::string("reading HELLO: ") + std::strerror(errno));
+    }
+    if (!in_header) {
+      waiting.payload_have += size_t(got);
+      continue;
+    }
+    if ((waiting.header_have += size_t(got)) < kHeaderBytes) continue;
+    waiting.frame.header = decode_header_or_refuse(waiting.header);
+    if (waiting.frame.header.payload_bytes > kMaxHelloPayloadBytes) {
+      throw BadFrame(StoreError(ErrorCode::Protocol,
+                                "a first frame of " + std::to_string(waiting.frame.header.payload_bytes) +
+                                    " bytes; before HELLO the server reads at most " +
+                                    std::to_string(kMaxHelloPayloadBytes) + " (a HELLO is far smaller)"),
+                     waiting.frame.header.request_id, uint8_t(waiting.frame.header.opcode));
+    }
+    waiting.frame.payload.resize(waiting.frame.header.payload_bytes);
   }
 }
 
@@ -201,6 +295,7 @@ void validate(const ServerOptions& options) {
   if (!(options.checkpoint_every >= 0)) invalid("--checkpoint-every must be 0 or positive");
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty()) invalid("--checkpoint-every needs --checkpoint-dir");
   if (options.max_connections < 1) invalid("--max-connections must be at least 1");
+  if (!(options.idle_timeout > 0)) invalid("--idle-timeout must be positive");
   if (service.token.size() > kMaxTokenBytes) invalid("the token is longer than " + std::to_string(kMaxTokenBytes) + " bytes");
 }
 
@@ -275,30 +370,119 @@ void run_server(const ServerOptions& options) {
   std::printf("listening on %s\n", format_host_port(bound).c_str());
   std::fflush(stdout);
 
+  // Accepting only waits on poll: a connection taken from the backlog is read at once.
+  ::fcntl(listener.fd(), F_SETFL, ::fcntl(listener.fd(), F_GETFL) | O_NONBLOCK);
   ConnectionCount connections;
   std::thread housekeeper(housekeeping, std::cref(options), std::ref(service));
-  while (!stop_requested.load()) {
-    pollfd entries[2] = {{listener.fd(), POLLIN, 0}, {stop_pipe[0], POLLIN, 0}};
-    if (::poll(entries, 2, int(kStopPoll.count())) <= 0 || stop_requested.load()) continue;
-    if ((entries[0].revents & POLLIN) == 0) continue;
-    Socket socket = accept_connection(listener, std::chrono::milliseconds(0));
-    if (!socket.valid()) continue;
-    tune_connection(socket);
-    if (!connections.try_add(options.max_connections)) {
-      refuse_connection(std::move(socket), "too many connections (--max-connections " +
-                                               std::to_string(options.max_connections) + "); try again later");
-      continue;
+  const auto idle_timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.idle_timeout));
+  const uint32_t max_waiting = std::min(kMaxWaitingForHello, options.max_connections);
+  const std::string too_many = "too many connections (--max-connections " + std::to_string(options.max_connections) +
+                               "); try again later";
+  std::vector<Waiting> waiting;  // oldest first
+  BufferCount waiting_buffers(service);
+  const auto close_waiting = [&](Waiting& entry) {
+    entry.socket.close();
+    entry.done = true;
+    service.connection_closed();
+  };
+  // The first frame is whole: the handshake, then a thread for the authenticated connection.
+  const auto hand_off = [&](Waiting& entry) {
+    std::shared_ptr<Session> session;
+    Response response = service.handshake(entry.frame, session);
+    if (session == nullptr) {
+      send_now(entry.socket, response.frame);
+      close_waiting(entry);
+      return;
     }
+    if (!connections.try_add(options.max_connections)) {
+      send_now(entry.socket, refusal(ErrorCode::Unavailable, entry.frame.header.request_id, too_many));
+      service.end_connection(*session);
+      close_waiting(entry);
+      return;
+    }
+    entry.done = true;
     try {
-      std::thread([&connections, &service, socket = std::move(socket)]() mutable {
-        serve_connection(std::move(socket), service);
+      std::thread([&connections, &service, socket = std::move(entry.socket), session = std::move(session),
+                   response = std::move(response), idle_timeout, &options]() mutable {
+        serve_connection(std::move(socket), service, std::move(session), response, idle_timeout, options.idle_timeout);
         connections.remove();
       }).detach();
     } catch (const std::system_error&) {
-      connections.remove();  // no thread for it: the socket closed with the lambda
+      // No thread for it: the socket closed with the lambda.
+      service.end_connection(*session);
+      service.connection_closed();
+      connections.remove();
       log("cannot start a thread for a new connection");
     }
+  };
+  const auto progress = [&](Waiting& entry) {
+    try {
+      if (read_first_frame(entry)) hand_off(entry);
+    } catch (const BadFrame& error) {
+      send_now(entry.socket, service.refuse_frame(error).frame);
+      close_waiting(entry);
+    } catch (const std::exception&) {
+      close_waiting(entry);
+    }
+  };
+  std::vector<pollfd> entries;
+  while (!stop_requested.load()) {
+    entries.assign({{listener.fd(), POLLIN, 0}, {stop_pipe[0], POLLIN, 0}});
+    for (const Waiting& entry : waiting) entries.push_back(pollfd{entry.socket.fd(), POLLIN, 0});
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kStopPoll);
+    if (!waiting.empty()) {
+      const auto until_deadline =
+          std::chrono::duration_cast<std::chrono::milliseconds>(waiting.front().deadline - Clock::now());
+      wait = std::clamp(until_deadline + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
+    }
+    if (::poll(entries.data(), entries.size(), int(wait.count())) < 0 && errno != EINTR) continue;
+    if (stop_requested.load()) break;
+    // Connections already waiting are read before a new one may push the oldest out.
+    for (size_t k = 0; k < waiting.size(); ++k) {
+      if (entries[2 + k].revents != 0) progress(waiting[k]);
+    }
+    const Clock::time_point now = Clock::now();
+    for (Waiting& entry : waiting) {
+      if (!entry.done && now >= entry.deadline) {
+        send_now(entry.socket, refusal(ErrorCode::Protocol, 0, "no HELLO within 5 s of connecting"));
+        close_waiting(entry);
+      }
+    }
+    // One connection per round, so that a flood of new ones cannot outrun the reading of waiting ones.
+    Socket socket((entries[0].revents & POLLIN) != 0 ? ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC) : -1);
+    if (socket.valid()) {
+      tune_connection(socket);
+      const uint32_t authenticated = connections.count();
+      size_t live = 0;
+      for (const Waiting& entry : waiting) live += entry.done ? 0 : 1;
+      if (authenticated >= options.max_connections) {
+        send_now(socket, refusal(ErrorCode::Unavailable, 0, too_many));
+      } else {
+        // Every slot a waiting connection holds can be taken back: the oldest gives way.
+        if (live >= max_waiting || live + authenticated >= options.max_connections) {
+          for (Waiting& entry : waiting) {
+            if (entry.done) continue;
+            send_now(entry.socket, refusal(ErrorCode::Unavailable, 0,
+                                           "dropped for a newer connection: " + std::to_string(live) +
+                                               " connections were waiting to send HELLO; send it as soon as you connect"));
+            close_waiting(entry);
+            break;
+          }
+        }
+        service.connection_opened();
+        waiting.push_back(Waiting{});
+        waiting.back().socket = std::move(socket);
+        waiting.back().deadline = Clock::now() + kHelloTimeout;
+        progress(waiting.back());  // the HELLO usually came with the connection
+      }
+    }
+    waiting.erase(std::remove_if(waiting.begin(), waiting.end(), [](const Waiting& entry) { return entry.done; }),
+                  waiting.end());
+    uint64_t waiting_bytes = 0;
+    for (const Waiting& entry : waiting) waiting_bytes += entry.frame.payload.capacity();
+    waiting_buffers.set(waiting_bytes);
   }
+  for (Waiting& entry : waiting) close_waiting(entry);
   listener.close();
   connections.wait_for_none();
   housekeeper.join();

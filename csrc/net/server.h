@@ -1,7 +1,10 @@
-// recdev-server's main loop: listens, runs one thread per connection (up to a cap) that reads
-// frames and answers them through a ShardService, frees lapsed sessions, writes checkpoints, and on
-// SIGTERM or SIGINT stops accepting, lets the requests in progress finish, writes a last checkpoint
-// and returns. Nothing a client sends can end it: every connection's failures end that connection.
+// recdev-server's main loop: listens, reads each new connection's HELLO itself (a few KiB at most,
+// within a short deadline, the oldest such connection dropped for a newer one when too many wait),
+// then runs one thread per authenticated connection (up to a cap) that reads frames and answers them
+// through a ShardService until the client closes it or leaves it idle; frees lapsed sessions, writes
+// checkpoints, and on SIGTERM or SIGINT stops accepting, lets the requests in progress finish, writes
+// a last checkpoint and returns. Nothing a client sends can end it: every connection's failures end
+// that connection.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@ struct ServerOptions {
   std::string checkpoint_dir;   // empty: no checkpoints
   double checkpoint_every = 0;  // seconds between periodic checkpoints; 0 = only at shutdown
   uint32_t max_connections = 64;
+  double idle_timeout = 300;  // seconds without a request after which a connection is closed
 };
 
 // The checkpoint file of one shard in a checkpoint directory: D/shard-I-of-N.recdev.

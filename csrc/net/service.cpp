@@ -44,11 +44,19 @@ Response ShardService::refuse_frame(const BadFrame& error) {
   return response;
 }
 
+Response ShardService::flagged_request(const Frame& frame) {
+  // The error flag marks responses: a request carrying it means the peer confuses the two directions.
+  return error_response(frame.header.opcode, frame.header.request_id, ErrorCode::Protocol,
+                        std::string(opcode_name(uint8_t(frame.header.opcode))) +
+                            " request with the error flag set; requests are sent with flags 0");
+}
+
 Response ShardService::handshake(const Frame& frame, std::shared_ptr<Session>& session) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   const Opcode opcode = frame.header.opcode;
   const uint64_t request_id = frame.header.request_id;
   try {
+    if (frame.header.flags != 0) return flagged_request(frame);
     if (opcode != Opcode::Hello) {
       return error_response(opcode, request_id, ErrorCode::Protocol,
                             std::string("the first frame must be HELLO, not ") + opcode_name(uint8_t(opcode)));
@@ -91,6 +99,7 @@ Response ShardService::handle(Session& session, const Frame& frame) {
   const Opcode opcode = frame.header.opcode;
   const uint64_t request_id = frame.header.request_id;
   const std::string operation = opcode_name(uint8_t(opcode));
+  if (frame.header.flags != 0) return flagged_request(frame);
   try {
     return Response{dispatch(session, frame), false};
   } catch (const StoreError& error) {
@@ -175,6 +184,10 @@ void ShardService::recycle(std::vector<uint8_t>&& frame) {
   if (frame.capacity() > spare_buffer.capacity()) spare_buffer = std::move(frame);
 }
 
+uint64_t ShardService::response_buffer_bytes() const { return spare_buffer.capacity(); }
+
+void ShardService::release_response_buffer() { std::vector<uint8_t>().swap(spare_buffer); }
+
 // ---- Tables, ownership, memory ----
 
 ShardService::Target ShardService::resolve(const Session& session, uint64_t table_id) const {
@@ -233,7 +246,7 @@ void ShardService::adopt_named_tables() {
 }
 
 uint64_t ShardService::memory_used() const {
-  uint64_t used = staged_bytes_.load();
+  uint64_t used = staged_bytes_.load() + buffer_bytes_.load();
   for (const store::TableInfo& info : store_.list()) {
     try {
       used += store_.table(info.id)->stats().bytes;
@@ -300,7 +313,7 @@ ServerStats ShardService::stats() {
   ServerStats stats;
   stats.shard = options_.shard;
   stats.num_shards = options_.num_shards;
-  stats.bytes = staged_bytes_.load();
+  stats.bytes = staged_bytes_.load() + buffer_bytes_.load();
   for (const store::TableInfo& info : store_.list()) {
     try {
       const store::TableStats table = store_.table(info.id)->stats();
@@ -325,7 +338,7 @@ ServerStats ShardService::stats() {
 std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& frame) {
   const auto request = decode<CreateTableRequest>(frame);
   store::validate_table_config(request.config);
-  check_dim(request.config);
+  check_table_shape(request.config);
   reserve(kNewTableBytes);
   std::lock_guard<std::mutex> lock(session.mutex);
   const uint64_t table_id = store_.create_table(request.config, request.init_stream);
@@ -337,7 +350,7 @@ std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& f
 std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
   const auto request = decode<OpenNamedRequest>(frame);
   store::validate_table_config(request.config);
-  check_dim(request.config);
+  check_table_shape(request.config);
   if (!store_.find(request.name)) reserve(kNewTableBytes);
   const uint64_t table_id = store_.create_named_table(request.name, request.config);
   register_table(table_id, TableEntry{route_key_of_name(request.name), 0, request.name});
@@ -427,6 +440,9 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
               " weights for " + std::to_string(n) + " ids");
     }
     if (request.mode != store::PoolingMode::Sum) invalid("per_sample_weights are only supported with mode Sum");
+  }
+  if (num_bags == 0 && n != 0) {
+    invalid(std::to_string(n) + " ids but no bag offsets; offsets lists every bag's start, beginning with 0");
   }
   std::vector<int64_t> offsets(num_bags);
   for (size_t b = 0; b < num_bags; ++b) {

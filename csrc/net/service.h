@@ -53,6 +53,14 @@ class ShardService {
   // Open connections, for STATS (the server loop counts them).
   void connection_opened() { connections_.fetch_add(1); }
   void connection_closed() { connections_.fetch_sub(1); }
+  // Bytes held by connections' request and response buffers, counted in STATS' bytes and against
+  // --max-memory: the server loop reports each change.
+  void buffers_changed(uint64_t before, uint64_t after) {
+    buffer_bytes_.fetch_add(after - before);  // modulo 2^64: a decrease wraps back
+  }
+  // This connection thread's kept response buffer (recycle()), and its release.
+  uint64_t response_buffer_bytes() const;
+  void release_response_buffer();
 
   // Frees what lapsed sessions owned. Called periodically by the server.
   void reap_lapsed_sessions();
@@ -72,6 +80,8 @@ class ShardService {
   };
 
   std::vector<uint8_t> dispatch(Session& session, const Frame& frame);
+  // The Protocol error for a request with flags set.
+  Response flagged_request(const Frame& frame);
   Response error_response(Opcode opcode, uint64_t request_id, store::ErrorCode code, const std::string& message);
 
   Target resolve(const Session& session, uint64_t table_id) const;
@@ -114,6 +124,7 @@ class ShardService {
   std::map<uint64_t, TableEntry> directory_;
   // Memory held by staged loads and dump snapshots, outside the store's tables.
   std::atomic<uint64_t> staged_bytes_{0};
+  std::atomic<uint64_t> buffer_bytes_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> connections_{0};

@@ -35,10 +35,27 @@ inline void check_response_size(uint64_t bytes, const char* what) {
   }
 }
 
-inline void check_dim(const store::TableConfig& config) {
+inline std::string decimal(unsigned __int128 value) {
+  std::string text;
+  do {
+    text.insert(text.begin(), char('0' + int(value % 10)));
+    value /= 10;
+  } while (value != 0);
+  return text;
+}
+
+// What the server adds to store::validate_table_config for the tables it serves.
+inline void check_table_shape(const store::TableConfig& config) {
+  if (config.num_rows == 0) invalid("a table needs at least 1 row; num_rows is 0");
   if (config.dim > kMaxDim) {
     invalid("dim " + std::to_string(config.dim) + " is past the server's limit of " + std::to_string(kMaxDim) +
             " (one row with optimizer state must fit in a frame)");
+  }
+  // In 128 bits: the product of two 64-bit-sized factors wraps, and the message must be right.
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(config.num_rows) * config.dim * sizeof(float);
+  if (bytes > UINT64_MAX) {
+    invalid("a table of " + std::to_string(config.num_rows) + " rows of dim " + std::to_string(config.dim) + " is " +
+            decimal(bytes) + " bytes, past the 2^64 bytes a byte offset (WRITE_BYTES) can address; use fewer rows");
   }
 }
 

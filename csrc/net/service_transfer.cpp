@@ -84,7 +84,7 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
     invalid("BEGIN_LOAD needs exactly one target: the name of a named table, or the id of an existing table");
   }
   store::validate_table_config(request.config);
-  check_dim(request.config);
+  check_table_shape(request.config);
   store::validate_optimizer(request.optimizer);
   const uint32_t dim = request.config.dim;
   if (request.optimizer.kind != store::OptimizerKind::None &&

@@ -68,6 +68,8 @@ const std::map<std::string, Setter>& flags() {
        [](CommandLine& c, const std::string& v) { c.server.service.lease_seconds = parse_seconds("--lease-seconds", v); }},
       {"--max-connections",
        [](CommandLine& c, const std::string& v) { c.server.max_connections = parse_count("--max-connections", v, 1); }},
+      {"--idle-timeout",
+       [](CommandLine& c, const std::string& v) { c.server.idle_timeout = parse_seconds("--idle-timeout", v); }},
       {"--stats", [](CommandLine& c, const std::string& v) { c.stats_address = v; }},
       {"--timeout", [](CommandLine& c, const std::string& v) { c.timeout_seconds = parse_seconds("--timeout", v); }},
   };
@@ -128,7 +130,7 @@ std::string read_token(const std::string& path) {
 std::string usage() {
   return "usage: recdev-server [--listen HOST:PORT] [--shard I] [--num-shards N] [--token-file F]\n"
          "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
-         "                     [--lease-seconds SECONDS] [--max-connections N]\n"
+         "                     [--lease-seconds SECONDS] [--max-connections N] [--idle-timeout SECONDS]\n"
          "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
 }
 
@@ -148,7 +150,10 @@ Serve one shard of a remote recdev store (docs/server.md), or print a server's s
                             default no limit
   --lease-seconds S         free a session's anonymous tables after S seconds without a connection
                             or request (default 60)
-  --max-connections N       refuse connections past N open ones (default 64)
+  --max-connections N       refuse connections past N open ones (default 64); connections that have not
+                            sent HELLO take at most 16 and give way to newer ones
+  --idle-timeout S          close a connection after S seconds without a request (default 300; clients
+                            reconnect by themselves)
   --stats HOST:PORT         print the stats of the server at HOST:PORT and exit
   --timeout S               --stats: give up after S seconds (default 10)
   -h, --help                show this help and exit

@@ -3,6 +3,7 @@ that keep their store, RECDEV_SERVERS."""
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -196,3 +197,33 @@ def test_an_idle_client_keeps_its_session_past_the_lease(start_shards):
         w = torch.full((100, 4), 2.0, device="recdev")
     time.sleep(3)  # three leases with no request: open connections and the heartbeat keep the session
     assert w.sum().item() == 800
+
+
+def test_an_idle_connection_closed_by_the_server_is_replaced(start_shards):
+    servers = start_shards(2, "--idle-timeout", "1")
+    torch_recdev.connect(local_shards.server_list(servers))
+    with torch_recdev.placement("table"):
+        w = torch.full((100, 4), 2.0, device="recdev")
+    assert w.sum().item() == 800
+    time.sleep(3)  # past the idle timeout: the servers closed the pooled connections
+    assert w.sum().item() == 800
+    w.add_(1.0)
+    assert w.sum().item() == 1200
+
+
+def hello_frame(request_id=1):
+    payload = b"RECDEVNP" + struct.pack("<HI", _C._server.PROTOCOL_VERSION, 0) + struct.pack("<Q", 0)
+    return struct.pack("<IBBHQ", len(payload), 1, 0, 0, request_id) + payload
+
+
+def test_a_refused_connection_raises_the_servers_reason(start_shards):
+    (server,) = start_shards(1, "--max-connections", "1")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as holder:
+        holder.sendall(hello_frame())
+        assert len(holder.recv(64)) > 16  # WELCOME: the one slot is taken
+        with pytest.raises(ConnectionError, match=rf"recdev-server 127.0.0.1:{server.port} .*HELLO: "
+                                                  r"too many connections \(--max-connections 1\)"):
+            torch_recdev.connect(server.url, timeout=1.5)
+    assert torch_recdev.store_info()["kind"] == "embedded"
+    # The slot is free again: the client that was refused gets in.
+    assert torch_recdev.connect(server.url, timeout=10)["kind"] == "remote"

@@ -15,10 +15,13 @@ class ServerProcess(local_shards.ServerProcess):
         return wire.Connection(self.port, **kwargs)
 
 
-def checksum(conn):
-    """A digest of every table the connection can see: description (with optimizer step) and rows."""
+def checksum(conn, tables=None):
+    """A digest of every table the connection can see (or of those of `tables`, by id): description
+    (with optimizer step) and rows."""
     h = hashlib.sha256()
     for table_id, name, route_key in sorted(conn.list()):
+        if tables is not None and table_id not in tables:
+            continue
         info = conn.info(table_id)
         h.update(repr((table_id, name, route_key, info["table"])).encode())
         ids, records, _ = conn.dump_all(table_id)

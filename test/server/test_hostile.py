@@ -214,3 +214,36 @@ def test_hostile_values_in_valid_frames(server, populated):
         assert info.value.name == expected, (opcode, info.value)
     # The UPDATE with 3e38 + 3e38 overflowing in the sum was refused whole: the step did not move.
     still_healthy(server, populated)
+
+
+def test_requests_carrying_the_error_flag_are_refused(server, populated):
+    for handshake, opcode, payload in ((False, "HELLO", hello()), (True, "PING", b""), (True, "LIST", b"")):
+        with server.connect(handshake=handshake) as c:
+            c.send_raw(frame(opcode, payload, request_id=11, flags=wire.FLAG_ERROR))
+            code, message, _, request_id = c.read_error()
+            assert wire.ERROR_NAMES[code] == "Protocol" and "error flag" in message and request_id == 11
+            assert c.is_closed()
+    still_healthy(server, populated)
+
+
+def test_ids_without_bag_offsets_are_refused(server, populated):
+    keeper, named, _, _ = populated
+    with pytest.raises(ServerError) as info:
+        keeper.call("GATHER_POOLED_PARTIAL", u64(named) + array([1, 2], np.uint64) + array([], np.uint64)
+                    + wire.u8(0) + wire.u8(0) + wire.i64(-1) + array([], np.uint8))
+    assert info.value.name == "InvalidArgument" and "2 ids but no bag offsets" in info.value.message
+    still_healthy(server, populated)
+
+
+@pytest.mark.parametrize("opcode", ["CREATE_TABLE", "OPEN_NAMED"])
+def test_tables_of_no_rows_or_past_2_to_the_64_bytes_are_refused(server, populated, opcode):
+    keeper = populated[0]
+    for rows, text in ((0, "at least 1 row; num_rows is 0"),
+                       (2**63 - 1, f"a table of {2**63 - 1} rows of dim 8 is {(2**63 - 1) * 32} bytes")):
+        payload = wire.config(rows, 8) + wire.u8(0) + u64(0) + u64(7)
+        if opcode == "OPEN_NAMED":
+            payload = wire.string("hostile.shape") + wire.config(rows, 8)
+        with pytest.raises(ServerError) as info:
+            keeper.call(opcode, payload)
+        assert info.value.name == "InvalidArgument" and text in info.value.message, info.value.message
+    still_healthy(server, populated)
