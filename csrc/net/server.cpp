@@ -253,10 +253,13 @@ bool read_first_frame(Waiting& waiting) {
 
 // Returns false (having logged why) if the checkpoint could not be written.
 bool write_checkpoint(const ServerOptions& options, ShardService& service) {
+  // Numbered, so that the log tells which checkpoint was the last one completed before a crash.
+  static std::atomic<uint64_t> written{0};
   const std::string path =
       checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
   try {
-    store::save_store(path, service.store());
+    const store::CheckpointSummary summary = store::save_store(path, service.store());
+    log("checkpoint " + std::to_string(++written) + " written: " + path + " (" + store::describe(summary) + ")");
     return true;
   } catch (const std::exception& error) {
     log(std::string("checkpoint failed: ") + error.what());
@@ -360,6 +363,8 @@ void run_server(const ServerOptions& options) {
       throw StoreError(ErrorCode::Io, "cannot create checkpoint directory " + options.checkpoint_dir + ": " +
                                           std::strerror(errno));
     }
+    const std::string own = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
+    if (const std::string removed = store::remove_interrupted_saves(own); !removed.empty()) log(removed);
     if (const std::string loaded = load_shard_checkpoint(options.checkpoint_dir, service); !loaded.empty()) {
       log("loaded checkpoint " + loaded);
     }

@@ -16,8 +16,9 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
   std::lock_guard<std::mutex> lock(session.mutex);
   uint64_t snapshot_id = request.snapshot_id;
   if (snapshot_id == 0) {
-    const store::TableStats stats = target.table->stats();
-    reserve(stats.rows * (row_cost(stats.dim + target.table->config().state_floats)));
+    // Not checked against --max-memory, so that a shard filled up to its cap can still be saved (the
+    // headroom it needs is in docs/remote.md). Its bytes count while it lives: other requests that
+    // would grow the shard see the memory it holds.
     DumpSnapshot snapshot;
     snapshot.table_id = request.table_id;
     target.table->scan(

@@ -65,15 +65,20 @@ class ChecksummedWriter {
   void put_bytes(const void* data, size_t size) {
     crc_ = crc32_update(crc_, data, size);
     file_.write(data, size);
+    bytes_ += size;
   }
   void finish() {
     file_.write(&crc_, sizeof(crc_));
+    bytes_ += sizeof(crc_);
     file_.commit();
   }
+  uint32_t crc() const { return crc_; }
+  uint64_t bytes() const { return bytes_; }
 
  private:
   AtomicFileWriter file_;
   uint32_t crc_ = 0;
+  uint64_t bytes_ = 0;
 };
 
 class ChecksummedReader {
@@ -105,8 +110,10 @@ class ChecksummedReader {
   uint32_t crc_ = 0;
 };
 
-void write_section(ChecksummedWriter& out, const std::string& name, const Table& table) {
+// Returns the number of rows written.
+uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Table& table) {
   size_t record_bytes = 0;
+  uint64_t rows = 0;
   table.scan(
       [&](const TableScanHeader& header) {
         const TableConfig& config = header.config;
@@ -133,15 +140,17 @@ void write_section(ChecksummedWriter& out, const std::string& name, const Table&
         out.put(optimizer.beta2);
         out.put(header.optimizer_step);
         out.put(header.row_count);
+        rows = header.row_count;
         record_bytes = (size_t{config.dim} + config.state_floats) * sizeof(float);
       },
       [&](uint64_t row_id, const float* record) {
         out.put(row_id);
         out.put_bytes(record, record_bytes);
       });
+  return rows;
 }
 
-void write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, const Table*>>& tables) {
+CheckpointSummary write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, const Table*>>& tables) {
   for (const auto& [name, table] : tables) {
     if (name.size() > kMaxNameLength) {
       throw StoreError(ErrorCode::InvalidArgument, "table name of " + std::to_string(name.size()) +
@@ -153,8 +162,13 @@ void write_checkpoint(const std::string& path, const std::vector<std::pair<std::
   out.put_bytes(kMagic, sizeof(kMagic));
   out.put(kFormatVersion);
   out.put(uint32_t(tables.size()));
-  for (const auto& [name, table] : tables) write_section(out, name, *table);
+  CheckpointSummary summary;
+  summary.tables = tables.size();
+  for (const auto& [name, table] : tables) summary.rows += write_section(out, name, *table);
   out.finish();
+  summary.bytes = out.bytes();
+  summary.crc = out.crc();
+  return summary;
 }
 
 // Reads one section. check_header sees the header before any row is read; rows are staged only if
@@ -298,12 +312,12 @@ void load_table(const std::string& path, Table& table) {
   table.install(staged[0].rows, info.config.init, info.init_stream, info.optimizer, info.optimizer_step);
 }
 
-void save_store(const std::string& path, const Store& store) {
+CheckpointSummary save_store(const std::string& path, const Store& store) {
   const auto named = store.named_tables();
   std::vector<std::pair<std::string, const Table*>> tables;
   tables.reserve(named.size());
   for (const auto& [name, table] : named) tables.emplace_back(name, table.get());
-  write_checkpoint(path, tables);
+  return write_checkpoint(path, tables);
 }
 
 std::vector<std::string> load_store(const std::string& path, Store& store) {
@@ -345,6 +359,20 @@ std::vector<CheckpointTableInfo> read_checkpoint_info(const std::string& path) {
   infos.reserve(staged.size());
   for (StagedTable& table : staged) infos.push_back(std::move(table.info));
   return infos;
+}
+
+std::string describe(const CheckpointSummary& summary) {
+  char crc[16];
+  std::snprintf(crc, sizeof(crc), "%08x", summary.crc);
+  return std::to_string(summary.tables) + (summary.tables == 1 ? " table, " : " tables, ") +
+         std::to_string(summary.rows) + " rows, " + std::to_string(summary.bytes) + " bytes, crc " + crc;
+}
+
+std::string remove_interrupted_saves(const std::string& path) {
+  const RemovedFiles removed = remove_stale_temp_files(path);
+  if (removed.count == 0) return {};
+  return "removed " + std::to_string(removed.count) + " temporary file" + (removed.count == 1 ? "" : "s") + " (" +
+         std::to_string(removed.bytes) + " bytes) of interrupted saves of " + path;
 }
 
 }  // namespace recdev::store

@@ -57,9 +57,20 @@ void save_table(const std::string& path, const Table& table, const std::string& 
 // destination's num_rows and dim (state_floats follows the file's optimizer).
 void load_table(const std::string& path, Table& table);
 
+// What a save wrote, for whoever reports it (recdev-server logs one line per checkpoint).
+struct CheckpointSummary {
+  uint64_t tables = 0;
+  uint64_t rows = 0;
+  uint64_t bytes = 0;  // the file's size
+  uint32_t crc = 0;    // the file's checksum, its last 4 bytes
+};
+
+// "2 tables, 1000 rows, 81960 bytes, crc 1a2b3c4d"
+std::string describe(const CheckpointSummary& summary);
+
 // Every named table of the store in one file. Anonymous tables are left out: they belong to the
 // client session that created them and cannot be found again after a restart.
-void save_store(const std::string& path, const Store& store);
+CheckpointSummary save_store(const std::string& path, const Store& store);
 // Loads every table of the file into the named table of the same name, creating those that do not
 // exist with the file's config. Every existing one must have the file's num_rows and dim; that is
 // checked for all of them before any table changes. Returns the names loaded.
@@ -67,5 +78,10 @@ std::vector<std::string> load_store(const std::string& path, Store& store);
 
 // The sections' headers, after verifying the whole file (rows and checksum included).
 std::vector<CheckpointTableInfo> read_checkpoint_info(const std::string& path);
+
+// Removes the temporary files of saves to `path` that a crash interrupted (file_io.h), and returns
+// a line saying how many files and bytes were removed, or "" if there were none. Only for a path
+// that no live process is saving to, such as a server's own checkpoint at its start.
+std::string remove_interrupted_saves(const std::string& path);
 
 }  // namespace recdev::store

@@ -1,6 +1,8 @@
 #include "file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "errors.h"
 
@@ -27,10 +32,88 @@ std::string directory_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
-// Unique within the process (counter) and across processes (pid); O_EXCL catches anything else.
+std::string base_name_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+constexpr char kTempInfix[] = ".tmp.";
+
+std::string host_name() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+// The files (device, inode) of this process's writers not yet committed or destroyed, which a scan
+// for dead writers' files must not take for leftovers of an earlier process that had the same pid
+// (containers reuse pids).
+std::mutex live_temps_mutex;
+std::set<std::pair<dev_t, ino_t>> live_temps;
+
+// path.tmp.HOST.PID.N: unique within the process (counter), across processes (pid) and across the
+// hosts that share a directory (host); O_EXCL catches anything else.
 std::string temp_path_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  return path + kTempInfix + host_name() + "." + std::to_string(::getpid()) + "." +
+         std::to_string(counter.fetch_add(1));
+}
+
+// Calls visit(directory fd, name, what follows ".tmp.", its stat) for each regular file of path's
+// directory named as a temporary file of path.
+template <class Visit>
+void for_each_temp_file(const std::string& path, Visit visit) {
+  const std::string directory = directory_of(path);
+  const std::string prefix = base_name_of(path) + kTempInfix;
+  DIR* listing = ::opendir(directory.c_str());
+  if (listing == nullptr) io_error("cannot list directory", directory, errno);
+  try {
+    while (const dirent* entry = ::readdir(listing)) {
+      const std::string name = entry->d_name;
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      struct stat status;
+      if (::fstatat(::dirfd(listing), name.c_str(), &status, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(status.st_mode)) {
+        continue;
+      }
+      visit(::dirfd(listing), name, name.substr(prefix.size()), status);
+    }
+  } catch (...) {
+    ::closedir(listing);
+    throw;
+  }
+  ::closedir(listing);
+}
+
+// Whether a temporary file named HOST.PID.N (after ".tmp.") belongs to a writer that is gone: one on
+// this host whose process no longer exists, or this process's own that no writer holds any more.
+bool writer_is_gone(const std::string& suffix, const struct stat& status) {
+  const size_t counter_dot = suffix.rfind('.');
+  if (counter_dot == std::string::npos || counter_dot == 0) return false;
+  const size_t pid_dot = suffix.rfind('.', counter_dot - 1);
+  if (pid_dot == std::string::npos || suffix.substr(0, pid_dot) != host_name()) return false;
+  const std::string pid_text = suffix.substr(pid_dot + 1, counter_dot - pid_dot - 1);
+  if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const pid_t pid = pid_t(std::stol(pid_text));
+  if (pid == ::getpid()) {
+    std::lock_guard<std::mutex> lock(live_temps_mutex);
+    return live_temps.count({status.st_dev, status.st_ino}) == 0;
+  }
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Leftovers of writers of `path` that died before commit() (a crash or SIGKILL mid-save), so that
+// repeated interrupted saves do not pile up. Best effort: a leftover that cannot be removed does not
+// stop the save that found it.
+void remove_dead_writers_temp_files(const std::string& path) {
+  try {
+    for_each_temp_file(path, [](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
+      if (writer_is_gone(suffix, status)) ::unlinkat(dir_fd, name.c_str(), 0);
+    });
+  } catch (const StoreError&) {
+    // An unlistable directory: creating the temporary file next reports what is wrong with it.
+  }
 }
 
 void fsync_directory(const std::string& directory) {
@@ -44,10 +127,22 @@ void fsync_directory(const std::string& directory) {
 
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(const std::string& path)
-    : path_(path), temp_path_(temp_path_for(path)), buffer_(kBufferBytes) {
+AtomicFileWriter::AtomicFileWriter(const std::string& path) : path_(path), buffer_(kBufferBytes) {
+  remove_dead_writers_temp_files(path);
+  temp_path_ = temp_path_for(path);
+  // Registered under the lock it is created under, so that no scan sees it unregistered.
+  std::lock_guard<std::mutex> lock(live_temps_mutex);
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) io_error("cannot create temporary file", temp_path_, errno);
+  struct stat status;
+  if (::fstat(fd_, &status) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    ::unlink(temp_path_.c_str());
+    io_error("cannot stat", temp_path_, error);
+  }
+  file_id_ = {status.st_dev, status.st_ino};
+  live_temps.insert(file_id_);
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -55,6 +150,8 @@ AtomicFileWriter::~AtomicFileWriter() {
     ::close(fd_);
     ::unlink(temp_path_.c_str());
   }
+  std::lock_guard<std::mutex> lock(live_temps_mutex);
+  live_temps.erase(file_id_);
 }
 
 void AtomicFileWriter::flush() {
@@ -97,6 +194,20 @@ void AtomicFileWriter::commit() {
     io_error("cannot rename '" + temp_path_ + "' to", path_, error);
   }
   fsync_directory(directory_of(path_));
+}
+
+RemovedFiles remove_stale_temp_files(const std::string& path) {
+  const std::string directory = directory_of(path);
+  RemovedFiles removed;
+  for_each_temp_file(path, [&](int dir_fd, const std::string& name, const std::string&, const struct stat& status) {
+    if (::unlinkat(dir_fd, name.c_str(), 0) != 0) {
+      io_error("cannot remove the stale temporary file (remove it by hand, or let this user write to its directory)",
+               directory + "/" + name, errno);
+    }
+    ++removed.count;
+    removed.bytes += uint64_t(status.st_size);
+  });
+  return removed;
 }
 
 FileReader::FileReader(const std::string& path) : path_(path), buffer_(kBufferBytes) {

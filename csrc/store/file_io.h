@@ -2,9 +2,12 @@
 // operating system's reason.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace recdev::store {
@@ -12,7 +15,9 @@ namespace recdev::store {
 // Writes a file atomically: the bytes go to a temporary file in the destination's directory;
 // commit() fsyncs it, renames it over the destination and fsyncs the directory, so after a crash
 // the destination holds either its old contents or all of the new ones. A writer destroyed without
-// a successful commit() removes its temporary file.
+// a successful commit() removes its temporary file. A process killed while writing cannot: its
+// temporary file, path.tmp.HOST.PID.N, stays until the next writer of the same path on that host
+// finds that process gone and removes it (or, for a server's checkpoint, remove_stale_temp_files).
 class AtomicFileWriter {
  public:
   explicit AtomicFileWriter(const std::string& path);
@@ -28,10 +33,20 @@ class AtomicFileWriter {
 
   std::string path_;
   std::string temp_path_;
+  std::pair<dev_t, ino_t> file_id_{};  // the temporary file's, while this writer holds it
   int fd_ = -1;
   std::vector<std::byte> buffer_;
   size_t buffered_ = 0;
 };
+
+// Removes the temporary files that AtomicFileWriters of `path` left behind when their process died
+// before commit(): the regular files of path's directory named as temporaries of exactly this path.
+// Only for a path that no live process is writing, such as a server's own checkpoint at its start.
+struct RemovedFiles {
+  uint64_t count = 0;
+  uint64_t bytes = 0;
+};
+RemovedFiles remove_stale_temp_files(const std::string& path);
 
 class FileReader {
  public:
