@@ -61,6 +61,12 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   if (num_embeddings <= 0 || embedding_dim <= 0) {
     throw py::value_error("init_embedding_table: num_embeddings and embedding_dim must be positive");
   }
+  // Checked by division: the byte size itself may not fit in 64 bits, and the message must be right.
+  if (embedding_dim > UINT32_MAX / 4 || num_embeddings > INT64_MAX / (embedding_dim * 4)) {
+    throw py::value_error("init_embedding_table: a table of " + std::to_string(num_embeddings) + " rows of dim " +
+                          std::to_string(embedding_dim) + " (" + std::to_string(embedding_dim * 4) +
+                          " bytes a row) spans more than the 2^63 - 1 bytes a tensor can; use fewer rows");
+  }
   store::TableConfig config;
   config.num_rows = static_cast<uint64_t>(num_embeddings);
   config.dim = static_cast<uint32_t>(embedding_dim);

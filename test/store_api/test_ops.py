@@ -26,6 +26,13 @@ def test_same_name_same_table_and_shape_mismatch_refused():
         ops.init_embedding_table(name, 100, 5)
 
 
+
+def test_a_table_too_large_to_address_is_refused_with_its_true_size():
+    # Its byte size, 2^63 - 1 rows of 32 bytes, does not fit in 64 bits: the message must not wrap.
+    with pytest.raises(ValueError, match=r"a table of 9223372036854775807 rows of dim 8 \(32 bytes a row\) spans more"):
+        ops.init_embedding_table(f"huge_{uuid.uuid4().hex}", 2**63 - 1, 8)
+
+
 def test_read_write_with_int64_and_uint64_keys():
     t = _table()
     ops.emb_write(t, torch.tensor([1, 999], dtype=torch.uint64), torch.arange(16.0).view(2, 8))
