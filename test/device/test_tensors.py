@@ -119,3 +119,26 @@ def test_empty_tensor_and_zero_size_ops():
 def test_pin_memory_and_sparse_layouts_are_refused():
     with pytest.raises(RuntimeError, match="pin_memory"):
         torch.empty(2, device="recdev", pin_memory=True)
+
+
+def test_pinning_a_cpu_tensor_gives_pinned_host_memory():
+    # recdev is the accelerator: pin_memory() takes recdev's pinned allocator, and is_pinned() asks
+    # recdev's hooks, which know every block it handed out (views and storage slices included).
+    cpu = torch.randn(100)
+    assert not cpu.is_pinned()
+    pinned = cpu.pin_memory()
+    assert pinned.device.type == "cpu" and pinned.is_pinned() and torch.equal(pinned, cpu)
+    assert pinned.pin_memory() is pinned
+    assert pinned[10:].is_pinned() and pinned.view(10, 10).t().is_pinned()
+    assert torch.empty(0).set_(pinned.untyped_storage()[40:], 0, (5,), (1,)).is_pinned()
+    assert not cpu.is_pinned() and not torch.randn(100).is_pinned()
+    assert torch.empty(7, pin_memory=True).is_pinned()
+    on_device = pinned.to("recdev", non_blocking=True)
+    assert torch.equal(on_device.cpu(), cpu)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(cpu), batch_size=10, pin_memory=True)
+    assert all(batch.is_pinned() for (batch,) in loader)
+
+
+def test_a_recdev_tensor_cannot_be_pinned():
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        torch.ones(2, device="recdev").pin_memory()
