@@ -142,3 +142,41 @@ def test_pinning_a_cpu_tensor_gives_pinned_host_memory():
 def test_a_recdev_tensor_cannot_be_pinned():
     with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
         torch.ones(2, device="recdev").pin_memory()
+
+
+FILL_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+]
+
+EMPTY_FACTORIES = {
+    "empty": lambda dtype, device: torch.empty(3, 5, dtype=dtype, device=device),
+    "empty_strided": lambda dtype, device: torch.empty_strided((3, 5), (1, 3), dtype=dtype, device=device),
+    "empty_like": lambda dtype, device: torch.empty_like(torch.zeros(3, 5, dtype=dtype, device=device)),
+    "empty_permuted": lambda dtype, device: torch.empty_permuted((3, 5), (1, 0), dtype=dtype, device=device),
+    "new_empty": lambda dtype, device: torch.zeros(1, dtype=dtype, device=device).new_empty((3, 5)),
+}
+
+
+@pytest.fixture
+def deterministic():
+    enabled = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(enabled)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+@pytest.mark.parametrize("factory", sorted(EMPTY_FACTORIES))
+@pytest.mark.parametrize("dtype", FILL_DTYPES, ids=str)
+def test_empty_is_filled_as_on_cpu_under_deterministic_algorithms(deterministic, factory, dtype):
+    make = EMPTY_FACTORIES[factory]
+    cpu = make(dtype, "cpu")
+    for _ in range(2):  # the second one may reuse the first one's memory
+        x = make(dtype, "recdev")
+        assert x.shape == cpu.shape and x.stride() == cpu.stride()
+        # bit for bit: NaN (floating, complex) and the maximum (integers, bool: True)
+        assert torch.equal(x.cpu().contiguous().view(torch.uint8), cpu.contiguous().view(torch.uint8))
+        del x
