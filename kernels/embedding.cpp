@@ -149,8 +149,17 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto bag_end = [&](int64_t b) { return b + 1 < num_offsets ? offsets[b + 1] : static_cast<int64_t>(rows.size()); };
   at::Tensor weights;
   if (args[6].isTensor() && args[6].toTensor().defined()) {
-    weights = on_cpu(args[6].toTensor()).to(at::kFloat).contiguous();
+    const at::Tensor& per_sample_weights = args[6].toTensor();
     TORCH_CHECK(mode == 0, "embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for mode='sum' (got mode='", mode == 1 ? "mean" : "max", "'). Please open a feature request on GitHub.");
+    // CPU's checkSameType message, with the types named as CPU's (Python shows CPUFloatType as
+    // torch.FloatTensor), so that the table path fails exactly as host storage and the CPU do.
+    const auto cpu_type = [](const at::Tensor& t) { return std::string("CPU") + c10::toString(t.scalar_type()) + "Type"; };
+    TORCH_CHECK(
+        per_sample_weights.scalar_type() == weight.scalar_type(),
+        "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+        "'per_sample_weights'; but type ", cpu_type(weight), " does not equal ", cpu_type(per_sample_weights),
+        " (while checking arguments for embedding_bag)");
+    weights = on_cpu(per_sample_weights).contiguous();
     TORCH_CHECK(weights.numel() == static_cast<int64_t>(rows.size()), "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ", weights.numel(), " and ", rows.size());
   }
   const int64_t dim = weight.size(1);

@@ -3,11 +3,14 @@
 // set_. Everything else reaches the CPU through fallback.cpp.
 
 #include "../csrc/device/allocator.h"
+#include "../csrc/device/cpu_view.h"
 #include "../csrc/device/placement.h"
 #include "../csrc/device/table_storage.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/resize_native.h>
@@ -50,6 +53,30 @@ at::Tensor empty_in_table(c10::IntArrayRef size, c10::IntArrayRef stride, c10::S
   return tensor;
 }
 
+// Under torch.use_deterministic_algorithms(True) with fill_uninitialized_memory (the default), the
+// CPU fills a new empty tensor with NaN (floating, complex) or the dtype's maximum (integers, bool:
+// true), so that reading memory nothing wrote gives the same values on every run; recdev does too.
+at::Tensor fill_if_deterministic(at::Tensor t) {
+  const at::Context& context = at::globalContext();
+  if (C10_LIKELY(!context.deterministicAlgorithms() || !context.deterministicFillUninitializedMemory())) {
+    return t;
+  }
+  if (!device::is_table(t)) {
+    at::Tensor bytes = device::cpu_view(t);
+    at::native::fill_empty_deterministic_(bytes);
+    return t;
+  }
+  // A table is filled as a whole (strides aside) so that table_init.cpp records the fill as the
+  // table's Constant init rule in O(1). Only float32 has such a rule; a table of another dtype keeps
+  // its zero rows, deterministic too, rather than have every row materialized.
+  if (t.scalar_type() == at::kFloat) {
+    const auto elements = static_cast<int64_t>(device::table_block(t.storage())->nbytes / sizeof(float));
+    at::Tensor whole = t.as_strided({elements}, {1}, 0);
+    at::native::fill_empty_deterministic_(whole);
+  }
+  return t;
+}
+
 uint64_t nbytes_of(c10::IntArrayRef size, c10::ScalarType dtype) {
   return at::detail::computeStorageNbytesContiguous(size, c10::elementSize(dtype));
 }
@@ -75,14 +102,14 @@ at::Tensor empty_memory_format(
   const c10::ScalarType scalar_type = c10::dtype_or_default(dtype);
   if (device::place_in_table(nbytes_of(size, scalar_type))) {
     // Tables are row-major: a memory format asks for a layout rows cannot keep.
-    return empty_in_table(size, row_major_strides(size), scalar_type);
+    return fill_if_deterministic(empty_in_table(size, row_major_strides(size), scalar_type));
   }
-  return at::detail::empty_generic(
+  return fill_if_deterministic(at::detail::empty_generic(
       size,
       &device::host_allocator(),
       kRecdevKeys,
       c10::dtype_or_default(dtype),
-      memory_format);
+      memory_format));
 }
 
 at::Tensor empty_strided(
@@ -95,10 +122,10 @@ at::Tensor empty_strided(
   check_factory_options(layout, device, pin_memory);
   const c10::ScalarType scalar_type = c10::dtype_or_default(dtype);
   if (device::place_in_table(nbytes_of(size, scalar_type))) {
-    return empty_in_table(size, stride, scalar_type);
+    return fill_if_deterministic(empty_in_table(size, stride, scalar_type));
   }
-  return at::detail::empty_strided_generic(
-      size, stride, &device::host_allocator(), kRecdevKeys, c10::dtype_or_default(dtype));
+  return fill_if_deterministic(at::detail::empty_strided_generic(
+      size, stride, &device::host_allocator(), kRecdevKeys, c10::dtype_or_default(dtype)));
 }
 
 at::Tensor as_strided(

@@ -124,6 +124,36 @@ def set_rng_state_all(new_states) -> None:
     set_rng_state(state)
 
 
+def _legacy_storage_class(name: str, dtype: torch.dtype) -> type:
+    """``torch.recdev.<Name>Storage``, as ``torch.cuda.<Name>Storage``: what ``tensor.storage_type()``
+    and ``TypedStorage.type()`` return for a recdev tensor. torch.storage looks the class up by name on
+    the device module and takes its device from the last part of ``__module__``, which must therefore
+    be ``torch.recdev``; without it both answer None / ``torch.storage.TypedStorage``."""
+
+    def public_dtype(cls):
+        torch.storage._warn_typed_storage_removal()
+        return dtype
+
+    return type(
+        name,
+        (torch.storage._LegacyStorage,),
+        {
+            "__module__": "torch.recdev",
+            "__qualname__": name,
+            "dtype": torch._utils.classproperty(public_dtype),
+            "_dtype": torch._utils.classproperty(lambda cls: dtype),
+        },
+    )
+
+
+# recdev has no quantized tensors, so no quantized storage classes (nor does torch.cuda).
+_QUANTIZED = {torch.qint8, torch.qint32, torch.quint8, torch.quint4x2, torch.quint2x4}
+for _dtype, _name in torch.storage._dtype_to_storage_type_map().items():
+    if _dtype not in _QUANTIZED:
+        globals()[_name] = _legacy_storage_class(_name, _dtype)
+del _dtype, _name
+
+
 def __getattr__(name):
     if name == "default_generators":
         return (_generator(),)

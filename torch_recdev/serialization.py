@@ -6,8 +6,9 @@ hook. So this module wraps that method once, at import, for tensors on recdev
 table storage only: such a tensor pickles as ``_rebuild_table(snapshot...)``,
 where the snapshot is the store's header (shape, init rule and its stream, the
 fused optimizer and its step) and two CPU tensors, the materialized row ids and
-their records (weight then optimizer state). Every other tensor pickles exactly
-as before. ``_rebuild_table`` is registered with ``torch.serialization.add_safe_globals``
+their records (weight then optimizer state), with CRC-32s of the header's
+numbers, the ids and the records that ``torch.load`` checks before it makes the
+table. Every other tensor pickles exactly as before. ``_rebuild_table`` is registered with ``torch.serialization.add_safe_globals``
 so that ``torch.load``'s default ``weights_only=True`` accepts it.
 
 Where a table is rebuilt follows ``map_location`` through an empty recdev
@@ -72,7 +73,7 @@ def _rebuild_table(header, ids, records, anchor, dtype, offset, size, stride, re
                 "recdev (no map_location) and load_state_dict it into a model on recdev, where it stays lazy, or "
                 "raise the limit with torch_recdev.set_max_fallback_bytes()."
             )
-    raw = _C._restore_table(header, ids, records)
+    raw = _C._restore_table(header, ids, records, f"{list(size)} ({dtype})")
     table = torch.empty(0, dtype=dtype, device=raw.device).set_(raw.untyped_storage(), offset, size, stride)
     if dense:
         table = table.to(anchor.device)

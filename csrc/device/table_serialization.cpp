@@ -3,8 +3,10 @@
 #include "table_storage.h"
 
 #include "store/chunk_pool.h"
+#include "store/crc32.h"
 #include "store/table_handle.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
@@ -12,8 +14,15 @@ namespace recdev::device {
 
 namespace {
 
-// The version of the snapshot dict below; a file with another is refused.
-constexpr int64_t kSnapshotFormat = 1;
+// The version of the snapshot dict below. Format 2 added the checksums; format 1 (no checksums) still
+// loads, and only a header without checksum fields counts as format 1.
+constexpr int64_t kSnapshotFormat = 2;
+constexpr int64_t kUncheckedFormat = 1;
+constexpr const char* kChecksumFields[] = {"crc32_chunk_bytes", "header_crc32", "ids_crc32", "records_crc32"};
+
+// The ids and the records get one CRC-32 per chunk of this many bytes, so that torch.save and
+// torch.load checksum a large table on all of PyTorch's threads, and a mismatch names the rows it is in.
+constexpr uint64_t kChecksumChunkBytes = 16 << 20;
 
 // Whole, and its bytes are its values: no lazy conjugate or negative bit to resolve while copying.
 bool is_whole_table(const at::Tensor& t) {
@@ -40,6 +49,56 @@ void install(store::TableHandle& table, store::TableSnapshot& snapshot) {
   table.install(snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
 }
 
+// What a snapshot's header says: the storage's size and row width, and the store's header.
+struct SavedHeader {
+  uint64_t nbytes;
+  uint32_t row_bytes;
+  store::TableScanHeader table;
+};
+
+// The CRC-32 of every field of the header, each as its bytes in a fixed order: the pickled numbers
+// (shape, init rule and seed, optimizer) are checked as the rows are.
+uint32_t header_crc32(const SavedHeader& h) {
+  std::string bytes;
+  const auto put = [&bytes](const auto& value) {
+    bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  };
+  const store::TableConfig& config = h.table.config;
+  const store::OptimizerConfig& optimizer = h.table.optimizer;
+  put(h.nbytes);
+  put(h.row_bytes);
+  put(config.num_rows);
+  put(config.dim);
+  put(config.state_floats);
+  put(static_cast<uint32_t>(config.init.kind));
+  put(config.init.a);
+  put(config.init.b);
+  put(config.init.seed);
+  put(h.table.init_stream);
+  put(static_cast<uint32_t>(optimizer.kind));
+  for (double hp : {optimizer.lr, optimizer.weight_decay, optimizer.eps, optimizer.lr_decay,
+                    optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2}) {
+    put(hp);
+  }
+  put(h.table.optimizer_step);
+  put(h.table.row_count);
+  return store::crc32_update(0, bytes.data(), bytes.size());
+}
+
+// One CRC-32 per chunk of `chunk_bytes` of a contiguous CPU tensor's bytes.
+std::vector<uint32_t> chunk_crc32s(const at::Tensor& t, uint64_t chunk_bytes) {
+  const auto* bytes = static_cast<const std::byte*>(t.const_data_ptr());
+  const uint64_t nbytes = t.nbytes();
+  std::vector<uint32_t> crcs((nbytes + chunk_bytes - 1) / chunk_bytes);
+  at::parallel_for(0, static_cast<int64_t>(crcs.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t start = static_cast<uint64_t>(i) * chunk_bytes;
+      crcs[i] = store::crc32_update(0, bytes + start, std::min(chunk_bytes, nbytes - start));
+    }
+  });
+  return crcs;
+}
+
 // torch.save: (header, row ids [k] int64, records [k, dim + state_floats] float32), both on the CPU.
 py::tuple table_snapshot(const at::Tensor& t) {
   if (!is_table(t)) {
@@ -48,6 +107,7 @@ py::tuple table_snapshot(const at::Tensor& t) {
   const TableBlock& block = *table_block(t.storage());
   store::TableScanHeader header;
   at::Tensor ids, records;
+  std::vector<uint32_t> ids_crc32, records_crc32;
   {
     py::gil_scoped_release no_gil;
     block.table().scan_into([&](const store::TableScanHeader& h) {
@@ -58,6 +118,8 @@ py::tuple table_snapshot(const at::Tensor& t) {
       // Row ids are below 2^63: the same bits as int64.
       return store::RowArrays{reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()), records.data_ptr<float>()};
     });
+    ids_crc32 = chunk_crc32s(ids, kChecksumChunkBytes);
+    records_crc32 = chunk_crc32s(records, kChecksumChunkBytes);
   }
   const store::TableConfig& config = header.config;
   const store::OptimizerConfig& optimizer = header.optimizer;
@@ -75,6 +137,10 @@ py::tuple table_snapshot(const at::Tensor& t) {
       static_cast<uint32_t>(optimizer.kind), optimizer.lr, optimizer.weight_decay, optimizer.eps, optimizer.lr_decay,
       optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2);
   d["optimizer_step"] = header.optimizer_step;
+  d["crc32_chunk_bytes"] = kChecksumChunkBytes;
+  d["header_crc32"] = header_crc32({block.nbytes, block.row_bytes, header});
+  d["ids_crc32"] = ids_crc32;
+  d["records_crc32"] = records_crc32;
   return py::make_tuple(d, ids, records);
 }
 
@@ -112,40 +178,118 @@ std::pair<uint32_t, std::vector<double>> kind_and_numbers(const py::dict& header
   }
 }
 
-// Rebuilds a table from its snapshot, verified before anything is created: a uint8 recdev tensor
-// over the new table storage (the caller views it with the saved dtype, offset, size and stride).
-at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at::Tensor& records) {
-  const auto format = field<int64_t>(header, "format");
-  if (format != kSnapshotFormat) {
-    throw py::value_error(
-        "torch.load: the saved recdev table has snapshot format " + std::to_string(format) + "; this torch_recdev reads format " +
-        std::to_string(kSnapshotFormat) + ". Load it with the torch_recdev version that saved it.");
-  }
-  const auto nbytes = field<uint64_t>(header, "nbytes");
-  const auto row_bytes = field<uint32_t>(header, "row_bytes");
-  store::TableConfig config;
+// The header's fields, read but not yet checked against each other.
+SavedHeader read_header(const py::dict& header, uint64_t row_count) {
+  SavedHeader saved{};
+  saved.nbytes = field<uint64_t>(header, "nbytes");
+  saved.row_bytes = field<uint32_t>(header, "row_bytes");
+  store::TableConfig& config = saved.table.config;
   config.num_rows = field<uint64_t>(header, "num_rows");
   config.dim = field<uint32_t>(header, "dim");
   config.state_floats = field<uint32_t>(header, "state_floats");
-  if (row_bytes == 0 || row_bytes != config.dim * 4 || config.num_rows != (nbytes + row_bytes - 1) / row_bytes) {
-    refuse("its storage (" + std::to_string(nbytes) + " bytes in rows of " + std::to_string(row_bytes) +
-           ") does not match its table of " + std::to_string(config.num_rows) + " x " + std::to_string(config.dim));
-  }
   const auto [init_kind, init] = kind_and_numbers(header, "init", 2);
-  if (init_kind > static_cast<uint32_t>(store::InitKind::Xavier)) {
-    refuse("unknown init rule kind " + std::to_string(init_kind));
-  }
   config.init.kind = static_cast<store::InitKind>(init_kind);
   config.init.a = init[0];
   config.init.b = init[1];
   config.init.seed = field<uint64_t>(header, "init_seed");
-  store::validate_table_config(config);
+  saved.table.init_stream = field<uint64_t>(header, "init_stream");
   const auto [optimizer_kind, hp] = kind_and_numbers(header, "optimizer", 7);
-  if (optimizer_kind > static_cast<uint32_t>(store::OptimizerKind::Adam)) {
-    refuse("unknown optimizer kind " + std::to_string(optimizer_kind));
-  }
-  store::OptimizerConfig optimizer{
+  saved.table.optimizer = store::OptimizerConfig{
       static_cast<store::OptimizerKind>(optimizer_kind), hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]};
+  saved.table.optimizer_step = field<uint64_t>(header, "optimizer_step");
+  saved.table.row_count = row_count;
+  return saved;
+}
+
+// Format 2 and later: the header, the ids and the records must be the bytes torch.save checksummed.
+// `table` names the table in the error.
+void verify_checksums(
+    const py::dict& header, const SavedHeader& saved, const at::Tensor& ids, const at::Tensor& records,
+    const std::string& table) {
+  const auto chunk_bytes = field<uint64_t>(header, "crc32_chunk_bytes");
+  const auto header_crc = field<uint32_t>(header, "header_crc32");
+  const auto ids_crc = field<std::vector<uint32_t>>(header, "ids_crc32");
+  const auto records_crc = field<std::vector<uint32_t>>(header, "records_crc32");
+  const auto damaged = [&](const std::string& part) {
+    throw py::value_error(
+        "torch.load: the saved recdev table " + table + " is damaged: the checksum (CRC-32) of " + part +
+        " does not match the one torch.save wrote, so the file changed after it was saved. Nothing of this table "
+        "was loaded; load an intact copy of the file.");
+  };
+  if (chunk_bytes == 0) {
+    refuse("its header's 'crc32_chunk_bytes' is 0");
+  }
+  if (header_crc32(saved) != header_crc) {
+    damaged("its header (shape, init rule, optimizer)");
+  }
+  const auto check = [&](const at::Tensor& t, const std::vector<uint32_t>& expected, const char* what,
+                         uint64_t row_bytes) {
+    std::vector<uint32_t> actual;
+    {
+      py::gil_scoped_release no_gil;
+      actual = chunk_crc32s(t, chunk_bytes);
+    }
+    if (actual.size() != expected.size()) {
+      refuse(std::string("its header has ") + std::to_string(expected.size()) + " checksums for the " + what +
+             ", not " + std::to_string(actual.size()));
+    }
+    for (size_t i = 0; i < actual.size(); ++i) {
+      if (actual[i] != expected[i]) {
+        const uint64_t first = i * chunk_bytes / row_bytes;
+        const uint64_t last = std::min<uint64_t>((i + 1) * chunk_bytes, t.nbytes()) / row_bytes;
+        damaged(std::string("its ") + what + " (saved rows " + std::to_string(first) + " to " +
+                std::to_string(last - 1) + ")");
+      }
+    }
+  };
+  check(ids, ids_crc, "row ids", sizeof(int64_t));
+  check(records, records_crc, "row records", std::max<uint64_t>(1, records.size(1) * sizeof(float)));
+}
+
+// Rebuilds a table from its snapshot, verified before anything is created: a uint8 recdev tensor
+// over the new table storage (the caller views it with the saved dtype, offset, size and stride).
+// `table` names it in errors.
+at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at::Tensor& records, const std::string& table) {
+  const auto format = field<int64_t>(header, "format");
+  if (format != kSnapshotFormat && format != kUncheckedFormat) {
+    throw py::value_error(
+        "torch.load: the saved recdev table " + table + " has snapshot format " + std::to_string(format) +
+        "; this torch_recdev reads formats " + std::to_string(kUncheckedFormat) + " and " +
+        std::to_string(kSnapshotFormat) + ". Load it with the torch_recdev version that saved it.");
+  }
+  if (format == kUncheckedFormat) {
+    for (const char* name : kChecksumFields) {
+      if (header.contains(name)) {
+        refuse(std::string("its header says format 1, which has no checksums, but it has '") + name + "'");
+      }
+    }
+  }
+  if (ids.device().type() != at::kCPU || ids.scalar_type() != at::kLong || ids.dim() != 1 ||
+      records.device().type() != at::kCPU || records.scalar_type() != at::kFloat || records.dim() != 2 ||
+      records.size(0) != ids.size(0)) {
+    refuse("its rows are not int64 ids [k] with float32 records [k, n]; got " + ids.toString() + " " +
+           c10::str(ids.sizes()) + " and " + records.toString() + " " + c10::str(records.sizes()));
+  }
+  const at::Tensor id_values = ids.contiguous();
+  const at::Tensor record_values = records.contiguous();
+  const SavedHeader saved = read_header(header, static_cast<uint64_t>(ids.size(0)));
+  if (format == kSnapshotFormat) {
+    verify_checksums(header, saved, id_values, record_values, table);
+  }
+  const store::TableConfig& config = saved.table.config;
+  const store::OptimizerConfig& optimizer = saved.table.optimizer;
+  if (saved.row_bytes == 0 || saved.row_bytes != config.dim * 4 ||
+      config.num_rows != (saved.nbytes + saved.row_bytes - 1) / saved.row_bytes) {
+    refuse("its storage (" + std::to_string(saved.nbytes) + " bytes in rows of " + std::to_string(saved.row_bytes) +
+           ") does not match its table of " + std::to_string(config.num_rows) + " x " + std::to_string(config.dim));
+  }
+  if (static_cast<uint32_t>(config.init.kind) > static_cast<uint32_t>(store::InitKind::Xavier)) {
+    refuse("unknown init rule kind " + std::to_string(static_cast<uint32_t>(config.init.kind)));
+  }
+  store::validate_table_config(config);
+  if (static_cast<uint32_t>(optimizer.kind) > static_cast<uint32_t>(store::OptimizerKind::Adam)) {
+    refuse("unknown optimizer kind " + std::to_string(static_cast<uint32_t>(optimizer.kind)));
+  }
   store::validate_optimizer(optimizer);
   if (optimizer.kind != store::OptimizerKind::None &&
       config.state_floats != store::optimizer_state_floats(optimizer.kind, config.dim)) {
@@ -154,35 +298,32 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
            std::to_string(store::optimizer_state_floats(optimizer.kind, config.dim)));
   }
   const int64_t record_floats = config.dim + config.state_floats;
-  if (ids.device().type() != at::kCPU || ids.scalar_type() != at::kLong || ids.dim() != 1 ||
-      records.device().type() != at::kCPU || records.scalar_type() != at::kFloat || records.dim() != 2 ||
-      records.size(0) != ids.size(0) || records.size(1) != record_floats) {
+  if (records.size(1) != record_floats) {
     refuse("its rows are not int64 ids [k] with float32 records [k, " + std::to_string(record_floats) + "]; got " +
            ids.toString() + " " + c10::str(ids.sizes()) + " and " + records.toString() + " " +
            c10::str(records.sizes()));
   }
-  const at::Tensor id_values = ids.contiguous();
   const int64_t* id = id_values.const_data_ptr<int64_t>();
   for (int64_t i = 0; i < ids.size(0); ++i) {
     if (id[i] < 0 || static_cast<uint64_t>(id[i]) >= config.num_rows) {
       refuse("row id " + std::to_string(id[i]) + " is out of range for " + std::to_string(config.num_rows) + " rows");
     }
   }
-  const store::TableScanHeader saved{config, field<uint64_t>(header, "init_stream"), optimizer,
-                                     field<uint64_t>(header, "optimizer_step"), static_cast<uint64_t>(ids.size(0))};
-  c10::Storage storage = make_table_storage(nbytes, row_bytes);
-  table_block(storage)->defer_rows([saved, id_values, record_values = records.contiguous()](store::TableHandle& into) {
-    store::RowSet rows(saved.config.dim + saved.config.state_floats);
+  const store::TableScanHeader table_header = saved.table;
+  c10::Storage storage = make_table_storage(saved.nbytes, saved.row_bytes);
+  table_block(storage)->defer_rows([table_header, id_values, record_values](store::TableHandle& into) {
+    store::RowSet rows(table_header.config.dim + table_header.config.state_floats);
     // In range, so non-negative: the same values as uint64.
     const int64_t* id = id_values.const_data_ptr<int64_t>();
     const auto repeat = rows.insert_all(
-        reinterpret_cast<const uint64_t*>(id), record_values.const_data_ptr<float>(), saved.row_count);
+        reinterpret_cast<const uint64_t*>(id), record_values.const_data_ptr<float>(), table_header.row_count);
     TORCH_CHECK_VALUE(!repeat, kDamaged, "row ", repeat ? id[*repeat] : 0, " appears twice");
-    into.install(rows, saved.config.init, saved.init_stream, saved.optimizer, saved.optimizer_step);
+    into.install(rows, table_header.config.init, table_header.init_stream, table_header.optimizer,
+                 table_header.optimizer_step);
   });
   auto raw = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());
-  raw.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(nbytes)});
+  raw.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(saved.nbytes)});
   return raw;
 }
 
@@ -211,7 +352,7 @@ bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
 
 void bind_table_serialization(py::module_& m) {
   m.def("_table_snapshot", &table_snapshot);
-  m.def("_restore_table", &restore_table);
+  m.def("_restore_table", &restore_table, py::arg("header"), py::arg("ids"), py::arg("records"), py::arg("table"));
 }
 
 } // namespace recdev::device

@@ -36,6 +36,26 @@ def test_generated_methods():
     assert storage.is_recdev and storage.device.type == "recdev"
 
 
+@pytest.mark.parametrize(
+    "dtype, name",
+    [(torch.float32, "FloatStorage"), (torch.float64, "DoubleStorage"), (torch.int64, "LongStorage"),
+     (torch.bool, "BoolStorage"), (torch.bfloat16, "BFloat16Storage"), (torch.complex64, "ComplexFloatStorage")],
+)
+def test_storage_type_is_the_legacy_storage_class_of_torch_recdev(dtype, name):
+    # As on the CPU (torch.FloatStorage) and CUDA (torch.cuda.FloatStorage): the class torch.storage
+    # finds on the device module.
+    cpu = torch.zeros(2, dtype=dtype)
+    x = cpu.to("recdev")
+    assert cpu.storage_type() is getattr(torch, name)
+    cls = x.storage_type()
+    assert cls is getattr(torch.recdev, name)
+    assert x.storage().type() == f"torch.recdev.{name}"
+    assert isinstance(x.storage(), cls) and not isinstance(cpu.storage(), cls)
+    assert cls.dtype == dtype
+    made = cls(3)
+    assert made.device.type == "recdev" and made.dtype == dtype and made.size() == 3
+
+
 def test_device_context_manager_allocates_on_recdev():
     with torch.device("recdev"):
         x = torch.zeros(3)

@@ -119,3 +119,64 @@ def test_empty_tensor_and_zero_size_ops():
 def test_pin_memory_and_sparse_layouts_are_refused():
     with pytest.raises(RuntimeError, match="pin_memory"):
         torch.empty(2, device="recdev", pin_memory=True)
+
+
+def test_pinning_a_cpu_tensor_gives_pinned_host_memory():
+    # recdev is the accelerator: pin_memory() takes recdev's pinned allocator, and is_pinned() asks
+    # recdev's hooks, which know every block it handed out (views and storage slices included).
+    cpu = torch.randn(100)
+    assert not cpu.is_pinned()
+    pinned = cpu.pin_memory()
+    assert pinned.device.type == "cpu" and pinned.is_pinned() and torch.equal(pinned, cpu)
+    assert pinned.pin_memory() is pinned
+    assert pinned[10:].is_pinned() and pinned.view(10, 10).t().is_pinned()
+    assert torch.empty(0).set_(pinned.untyped_storage()[40:], 0, (5,), (1,)).is_pinned()
+    assert not cpu.is_pinned() and not torch.randn(100).is_pinned()
+    assert torch.empty(7, pin_memory=True).is_pinned()
+    on_device = pinned.to("recdev", non_blocking=True)
+    assert torch.equal(on_device.cpu(), cpu)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(cpu), batch_size=10, pin_memory=True)
+    assert all(batch.is_pinned() for (batch,) in loader)
+
+
+def test_a_recdev_tensor_cannot_be_pinned():
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        torch.ones(2, device="recdev").pin_memory()
+
+
+FILL_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool,
+]
+
+EMPTY_FACTORIES = {
+    "empty": lambda dtype, device: torch.empty(3, 5, dtype=dtype, device=device),
+    "empty_strided": lambda dtype, device: torch.empty_strided((3, 5), (1, 3), dtype=dtype, device=device),
+    "empty_like": lambda dtype, device: torch.empty_like(torch.zeros(3, 5, dtype=dtype, device=device)),
+    "empty_permuted": lambda dtype, device: torch.empty_permuted((3, 5), (1, 0), dtype=dtype, device=device),
+    "new_empty": lambda dtype, device: torch.zeros(1, dtype=dtype, device=device).new_empty((3, 5)),
+}
+
+
+@pytest.fixture
+def deterministic():
+    enabled = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(enabled)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+@pytest.mark.parametrize("factory", sorted(EMPTY_FACTORIES))
+@pytest.mark.parametrize("dtype", FILL_DTYPES, ids=str)
+def test_empty_is_filled_as_on_cpu_under_deterministic_algorithms(deterministic, factory, dtype):
+    make = EMPTY_FACTORIES[factory]
+    cpu = make(dtype, "cpu")
+    for _ in range(2):  # the second one may reuse the first one's memory
+        x = make(dtype, "recdev")
+        assert x.shape == cpu.shape and x.stride() == cpu.stride()
+        # bit for bit: NaN (floating, complex) and the maximum (integers, bool: True)
+        assert torch.equal(x.cpu().contiguous().view(torch.uint8), cpu.contiguous().view(torch.uint8))
+        del x

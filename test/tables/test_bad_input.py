@@ -235,3 +235,15 @@ def test_failed_table_creations_leak_no_address_space(huge_table):
     assert all(is_table(t) for t in tables)
     out = F.embedding(L([1, 10**10 - 1]), tables[-1])
     assert out.shape == (2, 128)
+
+
+@pytest.mark.parametrize("kind", ["host", "table"])
+@pytest.mark.parametrize("psw_dtype", [torch.float64, torch.float16], ids=str)
+def test_per_sample_weights_of_another_dtype_than_the_weight_fail_as_on_cpu(kind, psw_dtype, weight_and_ref):
+    def op(w):
+        psw = torch.ones(3, dtype=psw_dtype, device=w.device)
+        return F.embedding_bag(L([1, 2, 3]), w, L([0, 1]), mode="sum", per_sample_weights=psw)
+
+    cpu_message = str(_raised(op, torch.zeros(10, 8)))
+    assert "does not equal" in cpu_message  # RuntimeError: weight and per_sample_weights types differ
+    _check_like_cpu(kind, op, cpu_message, weight_and_ref)  # the whole message, word for word

@@ -292,3 +292,38 @@ def test_embedding_negative_padding_idx_row_is_zero(kind):
     assert (w.abs().sum(1) > 0).sum() == 99
     # standard normal, like nn.Embedding's own reset on the CPU
     assert abs(w.std().item() - 1.0) < 0.1
+
+
+@pytest.fixture
+def deterministic():
+    enabled = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(enabled)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def test_empty_tables_are_filled_by_a_lazy_rule_under_deterministic_algorithms(deterministic):
+    # The CPU fills torch.empty with NaN under deterministic algorithms; a float32 table gets that as
+    # its Constant init rule, in O(1), whatever its size or strides.
+    nan_bits = torch.empty(1, 16).view(torch.int32)  # the CPU's NaN, filled the same way
+    for make in (
+        lambda: torch.empty(N, 16, device="recdev"),
+        lambda: torch.empty_strided((16, N), (1, 16), device="recdev"),
+        lambda: torch.empty_like(torch.nn.Embedding(N, 16, device="recdev").weight),
+    ):
+        start = time.perf_counter()
+        w = make()
+        assert time.perf_counter() - start < 1.0
+        assert is_table(w) and table_stats(w)["rows"] == 0
+        rows = w.as_strided((N, 16), (16, 1))
+        for row in (rows[0], rows[N - 1]):  # read through windows, which materialize nothing
+            assert torch.equal(row.cpu().view(torch.int32), nan_bits[0])
+        assert table_stats(w)["rows"] == 0
+    # Other dtypes have no constant rule: their rows stay zeros rather than be materialized.
+    with torch_recdev.placement("table"):
+        ints = torch.empty(N, 4, dtype=torch.int64, device="recdev")
+    assert is_table(ints) and table_stats(ints)["rows"] == 0
+    assert ints[0].tolist() == ints[N - 1].tolist() == [0] * 4

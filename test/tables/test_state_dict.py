@@ -4,7 +4,9 @@ under max_fallback_bytes, and bad files are refused with nothing loaded."""
 
 import io
 import pickle
+import struct
 import threading
+import zlib
 
 import pytest
 import torch
@@ -229,10 +231,41 @@ def test_a_truncated_file_is_refused_and_nothing_loads(tmp_path):
     assert table_stats(target.bag.weight)["rows"] == 0
 
 
-def _tampered(weight, change):
-    """A pickle of the table whose snapshot `change(args)` edited."""
+# The checksummed layout of a snapshot's header (csrc/device/table_serialization.cpp, header_crc32):
+# storage size and row width, shape, init rule, init stream, optimizer and step, row count.
+_HEADER_LAYOUT = "<QIQIIIddQQI7dQQ"
+
+
+def _resealed(args):
+    """The snapshot args with checksums recomputed over what they now hold (zlib's CRC-32 is the
+    store's): what a forger, rather than a damaged file, would write. Headers too broken to checksum
+    are left as they are."""
+    header, ids, records = args[0], args[1], args[2]
+    try:
+        init_kind, a, b = header["init"]
+        header_bytes = struct.pack(
+            _HEADER_LAYOUT, header["nbytes"], header["row_bytes"], header["num_rows"], header["dim"],
+            header["state_floats"], init_kind, a, b, header["init_seed"], header["init_stream"],
+            *header["optimizer"], header["optimizer_step"], len(ids),
+        )
+        chunk = header["crc32_chunk_bytes"]
+    except (KeyError, TypeError, ValueError, struct.error):
+        return args
+
+    def crcs(t):
+        data = t.contiguous().numpy().tobytes()
+        return [zlib.crc32(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+
+    sealed = {**header, "header_crc32": zlib.crc32(header_bytes), "ids_crc32": crcs(ids), "records_crc32": crcs(records)}
+    return [sealed] + list(args[1:])
+
+
+def _tampered(weight, change, reseal=True):
+    """A pickle of the table whose snapshot `change(args)` edited, checksums recomputed unless
+    `reseal` is False."""
     func, args = weight._reduce_ex_internal(2)
-    return func, change(list(args))
+    args = change(list(args))
+    return func, _resealed(args) if reseal else args
 
 
 @pytest.mark.parametrize(
@@ -242,7 +275,7 @@ def _tampered(weight, change):
         (lambda a: a[:1] + [a[1] + 10**10] + a[2:], "out of range"),
         (lambda a: a[:2] + [a[2][:, :3]] + a[3:], "records"),
         (lambda a: [{**a[0], "dim": 9}] + a[1:], "does not match"),
-        (lambda a: [{**a[0], "format": 7}] + a[1:], "snapshot format 7"),
+        (lambda a: [{**a[0], "format": 7}] + a[1:], r"\[30, 8\] \(torch.float32\) has snapshot format 7"),
         (lambda a: [{**a[0], "init": (99, 0.0, 1.0)}] + a[1:], "unknown init rule"),
         (lambda a: [{k: v for k, v in a[0].items() if k != "init_stream"}] + a[1:], "no 'init_stream'"),
         (lambda a: [{**a[0], "optimizer": (2, 0.1)}] + a[1:], "'optimizer' has 2 fields"),
@@ -257,6 +290,71 @@ def test_a_damaged_snapshot_is_refused_before_a_table_is_made(lazy_table, change
     else:
         with pytest.raises(ValueError, match=message):
             func(*args)
+
+
+def _flip_byte(data: bytes, known: bytes, offset: int) -> bytes:
+    """`data` with one byte of the only occurrence of `known` flipped."""
+    at = data.find(known)
+    assert at >= 0 and data.find(known, at + 1) < 0, "the known bytes must occur exactly once in the file"
+    damaged = bytearray(data)
+    damaged[at + offset] ^= 0x40
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_flipped_byte_in_the_saved_rows_or_ids_is_refused_at_load_and_nothing_loads(tmp_path, mmap):
+    source = Bag()
+    row_id = 4_886_718_345  # 0x123456789: bytes that occur nowhere else in the file
+    row = torch.arange(16, dtype=torch.float32) / 64 + 1000.0
+    torch_recdev.ops.emb_write(source.bag.weight, torch.tensor([row_id]), row[None])
+    _touch(source.bag.weight, torch.arange(100))
+    data = _save(source.state_dict()).getvalue()
+    target = Bag()
+    probe = torch.tensor([0, 5, 99, row_id, row_id ^ 0x40])
+    before = _touch(target.bag.weight, probe)
+    cases = {
+        # the exponent byte of the row's third float: 1000.03 would load as 2.9e-36 ...
+        "records": _flip_byte(data, row.numpy().tobytes(), 11),
+        # ... and the id's low byte would move the row to another id
+        "ids": _flip_byte(data, struct.pack("<q", row_id), 0),
+    }
+    for part, damaged in cases.items():
+        path = tmp_path / f"{part}.pt"
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError) as info:
+            target.load_state_dict(torch.load(path, mmap=mmap))
+        message = str(info.value)
+        assert r"recdev table [10000000000, 16] (torch.float32) is damaged" in message, message
+        assert f"row {part}" in message and "Nothing of this table was loaded" in message, message
+        assert table_stats(target.bag.weight)["rows"] == 5
+        assert torch.equal(_touch(target.bag.weight, probe), before)
+    target.load_state_dict(torch.load(_save(source.state_dict())))  # the intact file loads
+    assert torch.equal(_touch(target.bag.weight, torch.tensor([row_id]))[0], row)
+
+
+def test_a_changed_header_number_is_refused_by_its_checksum(lazy_table):
+    w = lazy_table(30, 8)
+    _touch(w, torch.tensor([1, 2, 3]))
+    for field, value in (("init_seed", 12345), ("init", (1, 7.0, 0.0)), ("optimizer_step", 9)):
+        func, args = _tampered(w, lambda a: [{**a[0], field: value}] + a[1:], reseal=False)
+        with pytest.raises(ValueError, match=r"table \[30, 8\] \(torch.float32\) is damaged: .* its header"):
+            func(*args)
+
+
+def test_snapshots_of_format_1_without_checksums_still_load(lazy_table):
+    w = lazy_table(30, 8)
+    _touch(w, torch.tensor([1, 2, 3]))
+    checksums = ("crc32_chunk_bytes", "header_crc32", "ids_crc32", "records_crc32")
+
+    def format_1(a):
+        return [{**{k: v for k, v in a[0].items() if k not in checksums}, "format": 1}] + a[1:]
+
+    func, args = _tampered(w, format_1, reseal=False)
+    assert torch.equal(func(*args).cpu(), w.cpu())
+    # a format-2 file whose format number was damaged into 1 still carries its checksums: refused
+    func, args = _tampered(w, lambda a: [{**a[0], "format": 1}] + a[1:], reseal=False)
+    with pytest.raises(ValueError, match="says format 1, which has no checksums"):
+        func(*args)
 
 
 def test_tables_pickle_only_through_torch_save_safe_globals():
