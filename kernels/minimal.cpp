@@ -152,8 +152,8 @@ const at::Tensor& resize_(
     c10::IntArrayRef size,
     std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(
-      !device::is_table(self) || c10::multiply_integers(size) * self.element_size() +
-              self.storage_offset() * self.element_size() <= self.storage().nbytes(),
+      !device::is_table(self) || static_cast<size_t>((c10::multiply_integers(size) + self.storage_offset()) *
+                                                     self.element_size()) <= self.storage().nbytes(),
       "recdev: a tensor on table storage cannot grow past its table (",
       self.storage().nbytes(),
       " bytes); create a larger tensor instead");

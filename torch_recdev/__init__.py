@@ -15,8 +15,8 @@ def _autoload():
 
 import torch  # noqa: E402
 
-from . import _C  # noqa: F401  (loading it registers kernels, allocator, guard, hooks)
-from . import device_module
+from . import _C  # noqa: E402,F401  (loading it registers kernels, allocator, guard, hooks)
+from . import device_module  # noqa: E402
 
 _BACKEND = "recdev"
 

@@ -246,7 +246,7 @@ def test_a_graph_reused_for_the_other_storage_kind_is_refused(first, second):
     model = SmallBagMLP(second)  # same shapes: Dynamo's guards pass and it reuses the first graph
     if second == "table":
         torch_recdev.optim.SGD([model.bag.weight], lr=0.1)
-    with pytest.raises(RuntimeError, match=rf"traced for an embedding weight in .*torch._dynamo.reset\(\)"):
+    with pytest.raises(RuntimeError, match=r"traced for an embedding weight in .*torch._dynamo.reset\(\)"):
         torch.compile(model, backend="aot_eager")(*_batch(100, 0))
     if second == "table":
         assert torch_recdev.table_stats(model.bag.weight)["rows"] == 0  # refused before the lookup

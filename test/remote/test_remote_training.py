@@ -2,11 +2,11 @@
 a clear error within the timeout, and once restarted from its checkpoint training goes on; a hung
 shard times out instead of hanging the trainer."""
 
+import inspect
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -25,20 +25,17 @@ def shared_table(name):
     return ops.init_embedding_table(name, ROWS, DIM, init=torch_recdev.Zero(), optimizer=("sgd", {"lr": 1.0}))
 
 
-# The trainers' batches, run by each trainer process and by the test to compute the expected rows.
-TRAINER_GRADS = f"""
-import torch
-ROWS, DIM = {ROWS}, {DIM}
 def trainer_grads(seed, steps, batch=256):
+    """The trainers' batches, run by each trainer process (its source is part of TRAINER) and by the
+    test to compute the expected rows."""
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         keys = torch.randint(0, ROWS, (batch,), generator=gen)
         grads = torch.randint(-3, 4, (batch, DIM), generator=gen).float()
         yield keys, grads
-"""
-exec(TRAINER_GRADS)
 
-TRAINER = TRAINER_GRADS + """
+
+TRAINER = f"import torch\nROWS, DIM = {ROWS}, {DIM}\n" + inspect.getsource(trainer_grads) + """
 import torch_recdev
 from torch_recdev import ops
 table = ops.init_embedding_table("shared", ROWS, DIM)  # made by the parent: no init, no optimizer here

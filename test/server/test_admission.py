@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import frame, hello, u64
+from wire import frame
 
 TOKEN = "admission-token"
 

@@ -12,9 +12,7 @@ import time
 import zlib
 
 import numpy as np
-import pytest
 
-import wire
 from wire import optimizer, u64
 
 ROWS = 50_000

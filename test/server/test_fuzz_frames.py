@@ -16,7 +16,6 @@ import struct
 import time
 
 import numpy as np
-import pytest
 
 import wire
 from server_process import checksum
@@ -150,7 +149,6 @@ def header_case(message, ctx, field, mutation, rng):
     """A valid request whose header has `field` broken; returns (frame bytes, flags sent)."""
     payload = build_payload(message, ctx)
     values = dict(length=len(payload), opcode=wire.OP[message], flags=0, reserved=0, request_id=ctx["request_id"])
-    kind = dict(HEADER_FIELDS)[field]
     head = b""
     for name, k in HEADER_FIELDS:
         if name != field:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import ServerError, array, init_rule, string, config, u64, u8, i64, u32, optimizer
+from wire import ServerError, array, init_rule, string, config, u64, u8, i64, optimizer
 
 ROUTE_KEY = 0x1234
 

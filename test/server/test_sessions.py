@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import ServerError, array, config, init_rule, optimizer, string, u32, u64
+from wire import ServerError, array, config, optimizer, string, u32, u64
 
 LEASE = 1.0
 

@@ -12,7 +12,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import torch_recdev
 from torch_recdev import optim as rd_optim
 
 from _training_utils import (

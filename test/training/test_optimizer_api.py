@@ -9,12 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import torch_recdev
 from torch_recdev import optim as rd_optim
 
 from _training_utils import (
     DIM,
-    NUM_ROWS,
     RowWiseAdagradReference,
     assert_close,
     lookup_backward,

@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-import torch_recdev
 from torch_recdev import optim as rd_optim
 
 from _training_utils import (
