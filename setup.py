@@ -49,7 +49,7 @@ def server_sources():
     found = []
     for pattern in ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/server/*.cpp"]:
         found += sorted(glob.glob(pattern, root_dir=ROOT))
-    return [path for path in found if not os.path.basename(path).startswith("py_")]
+    return found
 
 
 def build_server():
@@ -79,7 +79,7 @@ def build_server():
 
 
 def sources():
-    patterns = ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/device/*.cpp", "kernels/*.cpp"]
+    patterns = ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/device/*.cpp", "csrc/kernels/*.cpp", "csrc/python/*.cpp"]
     found = []
     for pattern in patterns:
         found += sorted(glob.glob(pattern, root_dir=ROOT))
@@ -99,7 +99,7 @@ setup(
             # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled
             # into this extension; without the flag every parallel_for here runs on one thread. The
             # libgomp it links is the one torch ships and has already loaded (same soname).
-            extra_compile_args=["-O2", "-g0", "-Wall", "-Wno-unused-parameter", "-fopenmp"],
+            extra_compile_args=["-O2", "-g0", "-Wall", "-Werror", "-Wno-unused-parameter", "-fopenmp"],
             extra_link_args=["-fopenmp"],
         )
     ],

@@ -11,11 +11,24 @@ table-storage, training and store-API suites use it for every test
 """
 
 import pytest
+import torch
 
 from torch_recdev import local_shards
 
 import torch_recdev
 from torch_recdev import _C
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) with uninitialized memory filled, for one test."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(enabled)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Lookups on tables inside graphs that torch.compile traces (docs/compile.md, "Training").
 
 Eager autograd sends a table's row gradients to the store from recdev's C++ autograd kernels
-(kernels/embedding_autograd.cpp). AOTAutograd does not run those kernels: it traces the joint
+(csrc/kernels/embedding_autograd.cpp). AOTAutograd does not run those kernels: it traces the joint
 graph with fake tensors and would derive the ordinary dense gradient of the whole weight. So,
 while torch traces (the Python dispatcher is on), ``aten.embedding`` and ``aten._embedding_bag``
 on a recdev weight go through the Python kernels below: on a table, they become the custom ops
@@ -209,7 +209,7 @@ def _traced_embedding_bag(
     )
 
 
-# --- the backward ops (kernels/embedding_autograd.cpp) -----------------------------------------
+# --- the backward ops (csrc/kernels/embedding_autograd.cpp) -----------------------------------------
 
 # They update the store and return nothing: side effects that graph passes must keep and not reorder
 # away (see the comment on their schemas).

@@ -1,13 +1,10 @@
 #include "remote_session.h"
 
 #include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #include "store/errors.h"
 
@@ -31,25 +28,6 @@ std::string seconds_text(double seconds) {
   if (text.back() == '.') text.pop_back();
   return text + " s";
 }
-
-// A connection's progress through the calls of one exchange.
-struct Channel {
-  size_t shard = 0;
-  ShardConnection* connection = nullptr;
-  std::vector<size_t> calls;  // indices into the exchange's calls, in send order
-  size_t send_index = 0;      // the call being sent, and how much of its frame is out
-  size_t send_offset = 0;
-  size_t receive_index = 0;   // the call whose answer is being read
-  uint8_t header_bytes[kHeaderBytes];
-  size_t header_have = 0;
-  FrameHeader header;
-  std::vector<uint8_t> payload;
-  size_t payload_have = 0;
-  bool failed = false;
-
-  bool sending() const { return !failed && send_index < calls.size(); }
-  bool receiving() const { return !failed && receive_index < calls.size(); }
-};
 
 }  // namespace
 
@@ -232,169 +210,8 @@ void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::
 
 void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
                                 double timeout_seconds, const std::function<void(size_t)>& on_answer) {
-  std::vector<Channel> channels;
-  std::vector<size_t> channel_of_shard(connections.size(), SIZE_MAX);
-  std::vector<uint64_t> request_ids(calls.size());
-  for (size_t i = 0; i < calls.size(); ++i) {
-    Call& call = calls[i];
-    size_t& channel = channel_of_shard[call.shard];
-    if (channel == SIZE_MAX) {
-      channel = channels.size();
-      channels.emplace_back();
-      channels.back().shard = call.shard;
-      channels.back().connection = connections[call.shard];
-    }
-    request_ids[i] = channels[channel].connection->next_request_id++;
-    finish_frame(call.frame, call.opcode, request_ids[i]);
-    channels[channel].calls.push_back(i);
-  }
-
-  std::vector<std::exception_ptr> errors(calls.size());
-  auto op_of = [&](size_t call) { return std::string(opcode_name(uint8_t(calls[call].opcode))); };
-  // Every call of the channel still unanswered fails with the reason; the connection is dropped.
-  auto fail = [&](Channel& channel, const std::string& reason) {
-    for (size_t k = channel.receive_index; k < channel.calls.size(); ++k) {
-      const size_t call = channel.calls[k];
-      errors[call] = std::make_exception_ptr(
-          StoreError(ErrorCode::Unavailable, describe(channel.shard) + ", " + op_of(call) + ": " + reason));
-    }
-    channel.failed = true;
-    channel.connection->broken = true;
-  };
-  auto deliver = [&](Channel& channel) {
-    const size_t call = channel.calls[channel.receive_index++];
-    if (channel.header.flags & kFlagError) {
-      ErrorResponse error;
-      try {
-        error = decode_payload<ErrorResponse>(channel.payload.data(), channel.payload.size(), "an error response");
-      } catch (const StoreError& e) {
-        error.code = ErrorCode::Protocol;
-        error.message = e.what();
-      }
-      errors[call] = std::make_exception_ptr(
-          StoreError(error.code, describe(channel.shard) + ", " + op_of(call) + ": " + error.message));
-      // After these, and after a refusal not addressed to this request, the server closes the connection.
-      if (error.code == ErrorCode::Protocol || error.code == ErrorCode::PermissionDenied ||
-          channel.header.request_id != request_ids[call]) {
-        channel.connection->broken = true;
-      }
-    } else {
-      calls[call].response = std::move(channel.payload);
-      if (on_answer) {
-        try {
-          on_answer(call);
-        } catch (...) {
-          errors[call] = std::current_exception();
-        }
-      }
-    }
-    channel.payload = {};
-    channel.header_have = 0;
-    channel.payload_have = 0;
-  };
-  // Sends what the socket takes now; true if any byte went out.
-  auto send_some = [&](Channel& channel) {
-    bool progress = false;
-    while (channel.sending()) {
-      const std::vector<uint8_t>& frame = calls[channel.calls[channel.send_index]].frame;
-      const ssize_t sent = ::send(channel.connection->socket.fd(), frame.data() + channel.send_offset,
-                                  frame.size() - channel.send_offset, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (sent < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) fail(channel, std::string("connection lost: ") + std::strerror(errno));
-        break;
-      }
-      progress = true;
-      channel.send_offset += size_t(sent);
-      if (channel.send_offset == frame.size()) {
-        ++channel.send_index;
-        channel.send_offset = 0;
-      }
-    }
-    return progress;
-  };
-  // Reads what has arrived; true if any byte came in (or the connection ended).
-  auto receive_some = [&](Channel& channel) {
-    bool progress = false;
-    while (channel.receiving()) {
-      const bool in_header = channel.header_have < kHeaderBytes;
-      uint8_t* into = in_header ? channel.header_bytes + channel.header_have : channel.payload.data() + channel.payload_have;
-      const size_t want = in_header ? kHeaderBytes - channel.header_have : channel.payload.size() - channel.payload_have;
-      if (want > 0) {
-        const ssize_t got = ::recv(channel.connection->socket.fd(), into, want, MSG_DONTWAIT);
-        if (got == 0) {
-          fail(channel, "the server closed the connection (did it stop or restart?)");
-          return true;
-        }
-        if (got < 0) {
-          if (errno == EINTR) continue;
-          if (errno == EAGAIN || errno == EWOULDBLOCK) return progress;
-          fail(channel, std::string("connection lost: ") + std::strerror(errno));
-          return true;
-        }
-        progress = true;
-        if (!in_header) {
-          channel.payload_have += size_t(got);
-        } else if ((channel.header_have += size_t(got)) == kHeaderBytes) {
-          try {
-            channel.header = decode_header(channel.header_bytes);
-          } catch (const StoreError& e) {
-            fail(channel, std::string("unreadable answer: ") + e.what());
-            return true;
-          }
-          const size_t call = channel.calls[channel.receive_index];
-          // An error frame is read whatever its request id: a server refuses a connection (too many
-          // connections, shutting down) with request id 0, before it reads any request.
-          if (channel.header.request_id != request_ids[call] && (channel.header.flags & kFlagError) == 0) {
-            fail(channel, "the answer carries request id " + std::to_string(channel.header.request_id) + ", expected " +
-                              std::to_string(request_ids[call]));
-            return true;
-          }
-          channel.payload = std::move(channel.connection->spare);
-          channel.payload.resize(channel.header.payload_bytes);
-        }
-      }
-      if (channel.header_have == kHeaderBytes && channel.payload_have == channel.payload.size()) deliver(channel);
-    }
-    return progress;
-  };
-
-  const auto timeout = to_ms(timeout_seconds);
-  auto last_progress = Clock::now();
-  std::vector<pollfd> fds;
-  std::vector<Channel*> polled;
-  while (true) {
-    fds.clear();
-    polled.clear();
-    for (Channel& channel : channels) {
-      if (!channel.receiving()) continue;
-      fds.push_back(pollfd{channel.connection->socket.fd(), short(POLLIN | (channel.sending() ? POLLOUT : 0)), 0});
-      polled.push_back(&channel);
-    }
-    if (fds.empty()) break;
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_progress);
-    if (waited >= timeout) {
-      for (Channel* channel : polled) fail(*channel, "no answer within " + seconds_text(timeout_seconds) + " (timeout)");
-      break;
-    }
-    const int ready = ::poll(fds.data(), fds.size(), int((timeout - waited).count()) + 1);
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      for (Channel* channel : polled) fail(*channel, std::string("poll failed: ") + std::strerror(errno));
-      break;
-    }
-    bool progress = false;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
-      Channel& channel = *polled[k];
-      if (fds[k].revents & (POLLOUT | POLLERR | POLLHUP)) progress |= send_some(channel);
-      if (fds[k].revents & (POLLIN | POLLERR | POLLHUP)) progress |= receive_some(channel);
-    }
-    if (progress) last_progress = Clock::now();
-  }
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  Exchange exchange(connections, calls, [this](size_t shard) { return describe(shard); }, on_answer);
+  exchange.run(to_ms(timeout_seconds), seconds_text(timeout_seconds));
 }
 
 void RemoteSession::heartbeat() {

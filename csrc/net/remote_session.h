@@ -1,8 +1,8 @@
 // RemoteSession: one client session with every shard of a remote store (one recdev-server per shard).
 //
 // Per shard it keeps the server's session id and a pool of open connections; an operation leases one
-// connection per shard it needs, and exchange() sends all its requests before waiting on any, then
-// waits for every answer in one poll loop over all of them — so the shards work in parallel, requests
+// connection per shard it needs, and exchange() (exchange.h) sends all its requests before waiting on
+// any, then waits for every answer in one poll loop over all of them — so the shards work in parallel, requests
 // on one connection are pipelined, and a large request to one server never waits for another's
 // answer. Nothing blocks without a deadline: a server that makes no progress for `timeout` seconds,
 // refuses the connection or drops it gives StoreError(Unavailable) naming the server and the operation.
@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "exchange.h"
 #include "protocol.h"
 #include "socket.h"
 
@@ -40,44 +41,6 @@ namespace recdev::net {
 // "tcp://h1:7070,tcp://h2:7071" (the tcp:// is optional; "[::1]:7070" for IPv6) -> "h1:7070",
 // "h2:7071". Throws StoreError(InvalidArgument) saying what is wrong with which entry.
 std::vector<std::string> parse_server_list(const std::string& list);
-
-// One request of an exchange and, after it, its answer.
-struct Call {
-  size_t shard = 0;
-  Opcode opcode = Opcode::Ping;
-  std::vector<uint8_t> frame;     // kHeaderBytes of room, then the encoded request
-  std::vector<uint8_t> response;  // the answer's payload
-};
-
-template <class Message>
-Call make_call(size_t shard, Opcode opcode, const Message& message) {
-  Call call;
-  call.shard = shard;
-  call.opcode = opcode;
-  call.frame.resize(kHeaderBytes);
-  Writer out(call.frame);
-  encode(out, message);
-  return call;
-}
-
-template <class Message>
-Message answer_of(const Call& call) {
-  return decode_payload<Message>(call.response.data(), call.response.size(), opcode_name(uint8_t(call.opcode)));
-}
-
-struct ShardConnection {
-  Socket socket;
-  uint64_t epoch = 0;  // the shard's epoch when this connection said HELLO
-  uint64_t next_request_id = 1;
-  bool broken = false;  // not to be reused: a transport failure, or the server closes it
-  // A used answer buffer, kept for the next answer: fresh buffers of megabytes cost a page fault per
-  // page, more than reading the rows into them.
-  std::vector<uint8_t> spare;
-  void recycle(std::vector<uint8_t>&& buffer) {
-    constexpr size_t kMaxSpareBytes = size_t{64} << 20;
-    if (buffer.capacity() > spare.capacity() && buffer.capacity() <= kMaxSpareBytes) spare = std::move(buffer);
-  }
-};
 
 class RemoteSession {
  public:

@@ -158,16 +158,6 @@ EMPTY_FACTORIES = {
 }
 
 
-@pytest.fixture
-def deterministic():
-    enabled = torch.are_deterministic_algorithms_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(enabled)
-    torch.utils.deterministic.fill_uninitialized_memory = fill
-
 
 @pytest.mark.parametrize("factory", sorted(EMPTY_FACTORIES))
 @pytest.mark.parametrize("dtype", FILL_DTYPES, ids=str)

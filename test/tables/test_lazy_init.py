@@ -294,16 +294,6 @@ def test_embedding_negative_padding_idx_row_is_zero(kind):
     assert abs(w.std().item() - 1.0) < 0.1
 
 
-@pytest.fixture
-def deterministic():
-    enabled = torch.are_deterministic_algorithms_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    yield
-    torch.use_deterministic_algorithms(enabled)
-    torch.utils.deterministic.fill_uninitialized_memory = fill
-
 
 def test_empty_tables_are_filled_by_a_lazy_rule_under_deterministic_algorithms(deterministic):
     # The CPU fills torch.empty with NaN under deterministic algorithms; a float32 table gets that as

@@ -231,7 +231,7 @@ def test_a_truncated_file_is_refused_and_nothing_loads(tmp_path):
     assert table_stats(target.bag.weight)["rows"] == 0
 
 
-# The checksummed layout of a snapshot's header (csrc/device/table_serialization.cpp, header_crc32):
+# The checksummed layout of a snapshot's header (csrc/python/table_serialization.cpp, header_crc32):
 # storage size and row width, shape, init rule, init stream, optimizer and step, row count.
 _HEADER_LAYOUT = "<QIQIIIddQQI7dQQ"
 
@@ -462,7 +462,7 @@ def test_a_restored_table_holds_the_memory_the_saved_one_did(lazy_table, store_b
 
 
 def test_large_snapshots_are_copied_into_huge_page_mappings(lazy_table):
-    # Rows copied out for torch.save fault 2 MiB at a time (csrc/device/table_serialization.cpp).
+    # Rows copied out for torch.save fault 2 MiB at a time (csrc/python/table_serialization.cpp).
     w = lazy_table(1_000_000, 8)
     ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(2))[:300_000]
     values = torch.randn(len(ids), 8)

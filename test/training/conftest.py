@@ -1,4 +1,4 @@
-"""Fixtures for the training tests (torch_recdev/optim.py, kernels/embedding_autograd.cpp).
+"""Fixtures for the training tests (torch_recdev/optim.py, csrc/kernels/embedding_autograd.cpp).
 Global placement settings are saved and restored around every test by test/conftest.py."""
 
 import pytest

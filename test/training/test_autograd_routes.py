@@ -1,4 +1,4 @@
-"""Where an embedding lookup's gradient goes (kernels/embedding_autograd.cpp):
+"""Where an embedding lookup's gradient goes (csrc/kernels/embedding_autograd.cpp):
 
 * a table weight with a fused optimizer: the store, during backward; weight.grad stays None;
 * a table weight without one: a RuntimeError at backward naming the fused optimizers, table unchanged;

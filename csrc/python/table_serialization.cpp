@@ -1,6 +1,6 @@
-#include "table_serialization.h"
+#include "python/table_serialization.h"
 
-#include "table_storage.h"
+#include "device/table_storage.h"
 
 #include "store/chunk_pool.h"
 #include "store/crc32.h"
@@ -24,12 +24,6 @@ constexpr const char* kChecksumFields[] = {"crc32_chunk_bytes", "header_crc32", 
 // torch.load checksum a large table on all of PyTorch's threads, and a mismatch names the rows it is in.
 constexpr uint64_t kChecksumChunkBytes = 16 << 20;
 
-// Whole, and its bytes are its values: no lazy conjugate or negative bit to resolve while copying.
-bool is_whole_table(const at::Tensor& t) {
-  return is_table(t) && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && t.is_contiguous() &&
-      static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
-}
-
 // An uninitialized CPU tensor for a snapshot's rows. From a few MiB on, its memory is a huge-page
 // mapping from the store's chunk pool, so that copying the rows in faults 2 MiB at a time rather
 // than 4 KiB (snapshot of 10^6 rows of dim 64: 71 ms on the CPU allocator's pages, 36 ms on these).
@@ -42,11 +36,6 @@ at::Tensor empty_snapshot_array(at::IntArrayRef sizes, at::ScalarType dtype) {
   std::byte* memory = store::allocate_chunk(mapped).release();
   return at::from_blob(
       memory, sizes, [](void* data) { store::ChunkDeleter()(static_cast<std::byte*>(data)); }, at::TensorOptions(dtype));
-}
-
-void install(store::TableHandle& table, store::TableSnapshot& snapshot) {
-  const store::TableScanHeader& h = snapshot.header;
-  table.install(snapshot.rows, h.config.init, h.init_stream, h.optimizer, h.optimizer_step);
 }
 
 // What a snapshot's header says: the storage's size and row width, and the store's header.
@@ -328,27 +317,6 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
 }
 
 } // namespace
-
-bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
-  if (!is_whole_table(src) || !is_whole_table(dst) || src.dtype() != dst.dtype() || src.sizes() != dst.sizes()) {
-    return false;
-  }
-  const TableBlock& from = *table_block(src.storage());
-  const TableBlock& to = *table_block(dst.storage());
-  if (from.row_bytes != to.row_bytes || from.nbytes != to.nbytes) {
-    return false;
-  }
-  if (from.same_table(to)) {
-    return true;
-  }
-  store::TableHandle& destination = to.table();
-  if (from.install_pending_into(destination)) {
-    return true;  // a table torch.load just rebuilt: its rows went from the file straight to dst
-  }
-  store::TableSnapshot snapshot = from.table().snapshot();
-  install(destination, snapshot);
-  return true;  // the snapshot now holds dst's old rows, freed here outside the table's locks
-}
 
 void bind_table_serialization(py::module_& m) {
   m.def("_table_snapshot", &table_snapshot);

@@ -4,8 +4,8 @@
 // move; outputs are host storage. Host-storage weights, and table views these
 // kernels cannot read row by row, go to the CPU fallback.
 
-#include "../csrc/device/cpu_view.h"
-#include "../csrc/device/table_storage.h"
+#include "device/cpu_view.h"
+#include "device/table_storage.h"
 #include "fallback.h"
 #include "table_rows.h"
 

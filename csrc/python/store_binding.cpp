@@ -1,8 +1,8 @@
-// The only file of the store that includes pybind11. Table operations release the GIL, so Python
+// The `_store` binding of the store engine (csrc/store knows nothing of Python). Table operations release the GIL, so Python
 // threads can drive the store concurrently. StoreError becomes a Python exception by code:
 //   OutOfRange -> IndexError, NotFound -> KeyError, InvalidArgument and Corrupt -> ValueError,
 //   Io -> OSError, Full -> _store.StoreFullError (a MemoryError and a RuntimeError).
-#include "py_store.h"
+#include "python/store_binding.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
-#include "chunk_pool.h"
-#include "errors.h"
-#include "init_rule.h"
-#include "optimizer.h"
-#include "philox.h"
-#include "store.h"
-#include "table.h"
+#include "store/checkpoint.h"
+#include "store/chunk_pool.h"
+#include "store/errors.h"
+#include "store/init_rule.h"
+#include "store/optimizer.h"
+#include "store/philox.h"
+#include "store/store.h"
+#include "store/table.h"
 
 namespace py = pybind11;
 

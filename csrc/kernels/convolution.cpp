@@ -2,8 +2,8 @@
 // *_overrideable ops, whose default kernels only raise, so the fallback never
 // sees them. Here they run the CPU convolution on CPU views.
 
-#include "../csrc/device/cpu_access.h"
-#include "../csrc/device/cpu_view.h"
+#include "device/cpu_access.h"
+#include "device/cpu_view.h"
 
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>

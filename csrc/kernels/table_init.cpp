@@ -4,8 +4,8 @@
 // a 10^10-row table at once. Partial ranges, other dtypes and host storage go
 // to the fallback, which writes the rows the op covers.
 
-#include "../csrc/device/generator.h"
-#include "../csrc/device/table_storage.h"
+#include "device/generator.h"
+#include "device/table_storage.h"
 #include "fallback.h"
 
 #include "store/table_handle.h"

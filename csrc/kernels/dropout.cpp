@@ -3,9 +3,9 @@
 // from the recdev generator instead, like every other random op here, with
 // the CPU kernel's semantics (mask is bool; kept values scaled by 1/(1-p)).
 
-#include "../csrc/device/cpu_access.h"
-#include "../csrc/device/cpu_view.h"
-#include "../csrc/device/generator.h"
+#include "device/cpu_access.h"
+#include "device/cpu_view.h"
+#include "device/generator.h"
 
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>

@@ -19,10 +19,10 @@
 //      a fresh CPU tensor is adopted by a recdev storage (zero copy), or
 //      copied into a table when the placement rules say so.
 
-#include "../csrc/device/cpu_view.h"
-#include "../csrc/device/generator.h"
-#include "../csrc/device/placement.h"
-#include "../csrc/device/table_window.h"
+#include "device/cpu_view.h"
+#include "device/generator.h"
+#include "device/placement.h"
+#include "device/table_window.h"
 #include "fallback.h"
 
 #include <ATen/SparseTensorImpl.h>

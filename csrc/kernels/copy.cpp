@@ -3,11 +3,11 @@
 // view is copied through a window of the rows it covers (never the whole
 // table unless the view is the whole table). A whole table copied into a
 // whole table of the same layout copies the table itself: init rule and
-// materialized rows (table_serialization.h). Copies are synchronous:
+// materialized rows (device/table_copy.h). Copies are synchronous:
 // non_blocking=True is accepted and completes at once.
 
-#include "../csrc/device/cpu_access.h"
-#include "../csrc/device/table_serialization.h"
+#include "device/cpu_access.h"
+#include "device/table_copy.h"
 
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/copy.h>

@@ -11,8 +11,8 @@
 // These kernels replace the AutogradPrivateUse1 entries of embedding and
 // _embedding_bag; everything below autograd is the ordinary recdev kernel.
 
-#include "../csrc/device/cpu_access.h"
-#include "../csrc/device/cpu_view.h"
+#include "device/cpu_access.h"
+#include "device/cpu_view.h"
 #include "table_rows.h"
 
 #include "store/table_handle.h"

@@ -1,8 +1,8 @@
-#include "table_api.h"
+#include "python/table_api.h"
 
-#include "current_store.h"
-#include "generator.h"
-#include "table_storage.h"
+#include "device/current_store.h"
+#include "device/generator.h"
+#include "device/table_storage.h"
 
 #include "net/remote_store.h"
 #include "store/table_handle.h"

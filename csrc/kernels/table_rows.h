@@ -2,7 +2,7 @@
 // Reading a table view row by row: what the lookup kernels (embedding.cpp)
 // and their autograd (embedding_autograd.cpp) share.
 
-#include "../csrc/device/table_storage.h"
+#include "device/table_storage.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -1,8 +1,8 @@
 #include "table_rows.h"
 
-#include "../csrc/device/allocator.h"
-#include "../csrc/device/cpu_access.h"
-#include "../csrc/device/cpu_view.h"
+#include "device/allocator.h"
+#include "device/cpu_access.h"
+#include "device/cpu_view.h"
 
 #include "store/table_handle.h"
 

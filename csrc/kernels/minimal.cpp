@@ -2,10 +2,10 @@
 // views (metadata over a shared storage, exactly as on CUDA), resizing and
 // set_. Everything else reaches the CPU through fallback.cpp.
 
-#include "../csrc/device/allocator.h"
-#include "../csrc/device/cpu_view.h"
-#include "../csrc/device/placement.h"
-#include "../csrc/device/table_storage.h"
+#include "device/allocator.h"
+#include "device/cpu_view.h"
+#include "device/placement.h"
+#include "device/table_storage.h"
 
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>

@@ -1,16 +1,16 @@
 // The torch_recdev._C extension module: the few entry points Python needs
 // that the dispatcher does not already expose, the store's test binding and the server's binding.
 
-#include "generator.h"
-#include "host_block_cache.h"
-#include "placement.h"
-#include "table_api.h"
-#include "table_serialization.h"
-#include "table_storage.h"
+#include "device/generator.h"
+#include "device/host_block_cache.h"
+#include "device/placement.h"
+#include "device/table_storage.h"
+#include "python/server_binding.h"
+#include "python/store_binding.h"
+#include "python/table_api.h"
+#include "python/table_serialization.h"
 
-#include "net/py_server.h"
 #include "store/chunk_pool.h"
-#include "store/py_store.h"
 #include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>

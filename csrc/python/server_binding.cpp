@@ -1,0 +1,47 @@
+// StoreErrors reach Python through the store binding's translator (store_binding.cpp).
+#include "python/server_binding.h"
+
+#include <pybind11/stl.h>
+
+#include <chrono>
+
+#include "net/connection.h"
+
+namespace py = pybind11;
+
+namespace recdev::net {
+
+void bind(py::module_& m) {
+  py::module_ s = m.def_submodule("_server", "recdev-server's protocol constants and its stats client.");
+  s.attr("PROTOCOL_VERSION") = kProtocolVersion;
+  s.attr("MAX_PAYLOAD_BYTES") = kMaxPayloadBytes;
+  s.def(
+      "server_stats",
+      [](const std::string& address, const std::string& token, double timeout_seconds) {
+        ServerStats stats;
+        {
+          py::gil_scoped_release release;
+          const auto timeout = std::chrono::milliseconds(int64_t(timeout_seconds * 1000));
+          Connection connection(address, token, timeout);
+          stats = connection.call<ServerStats>(Opcode::Stats, Empty{});
+        }
+        py::dict d;
+        d["shard"] = stats.shard;
+        d["num_shards"] = stats.num_shards;
+        d["tables"] = stats.tables;
+        d["named_tables"] = stats.named_tables;
+        d["rows"] = stats.rows;
+        d["bytes"] = stats.bytes;
+        d["max_memory"] = stats.max_memory;
+        d["requests"] = stats.requests;
+        d["errors"] = stats.errors;
+        d["connections"] = stats.connections;
+        d["sessions"] = stats.sessions;
+        d["uptime_seconds"] = stats.uptime_seconds;
+        return d;
+      },
+      py::arg("address"), py::arg("token") = "", py::arg("timeout") = 10.0,
+      "The STATS of one server, as a dict.");
+}
+
+}  // namespace recdev::net

@@ -1,0 +1,52 @@
+"""The layer rules of docs/architecture.md, checked on every include: each layer of csrc/ includes only
+the layers below it, csrc/store, csrc/net and csrc/server include nothing of torch or Python, and only
+csrc/python includes pybind11."""
+
+import re
+
+import pytest
+
+from doc_blocks import ROOT
+
+# What each layer may include of the others (with -I csrc: "store/table.h", "device/cpu_view.h", ...).
+MAY_INCLUDE = {
+    "store": set(),
+    "net": {"store"},
+    "server": {"store", "net"},
+    "device": {"store", "net"},
+    "kernels": {"store", "net", "device"},
+    "python": {"store", "net", "device", "kernels"},
+}
+TORCH = re.compile(r"#include\s*<(torch|ATen|c10|caffe2)/")
+PYTHON = re.compile(r"#include\s*<(pybind11/|Python\.h|torch/extension\.h|torch/python\.h|torch/csrc/)")
+LOCAL = re.compile(r'#include\s*"(\w+)/')
+
+
+def sources(layer):
+    return sorted(p for p in (ROOT / "csrc" / layer).iterdir() if p.suffix in (".h", ".cpp"))
+
+
+def test_the_layers_are_the_folders_of_csrc():
+    assert {p.name for p in (ROOT / "csrc").iterdir() if p.is_dir()} == set(MAY_INCLUDE)
+
+
+@pytest.mark.parametrize("layer", sorted(MAY_INCLUDE))
+def test_includes_go_down_only(layer):
+    upward = [f"{path.relative_to(ROOT)} includes {included}/"
+              for path in sources(layer)
+              for included in LOCAL.findall(path.read_text())
+              if included != layer and included not in MAY_INCLUDE[layer]]
+    assert not upward, upward
+
+
+@pytest.mark.parametrize("layer", ["store", "net", "server"])
+def test_store_net_and_server_know_nothing_of_torch_or_python(layer):
+    found = [str(path.relative_to(ROOT)) for path in sources(layer)
+             if TORCH.search(path.read_text()) or PYTHON.search(path.read_text())]
+    assert not found, found
+
+
+@pytest.mark.parametrize("layer", ["device", "kernels"])
+def test_only_csrc_python_binds_to_python(layer):
+    found = [str(path.relative_to(ROOT)) for path in sources(layer) if PYTHON.search(path.read_text())]
+    assert not found, found
