@@ -63,7 +63,7 @@ class TableHandle {
                              int64_t padding_idx, const float* bag_grads) = 0;
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
 
-  // Whole tables, for torch.save / torch.load and whole-table copies (csrc/device/table_serialization.cpp):
+  // Whole tables, for torch.save / torch.load and whole-table copies (csrc/python/table_serialization.cpp, csrc/device/table_copy.cpp):
   // a point-in-time view (Table::scan) written into arrays (torch.save) or copied into a snapshot
   // (copy_, load_state_dict), and the rows of a snapshot installed at once.
   virtual void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const = 0;
