@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import torch
 
 import torch_recdev
@@ -37,6 +38,21 @@ def shard_groups(name, ids):
     key = wire.route_key_of_name(name)
     owners = np.array([wire.owner_shard(key, int(i), num_shards) for i in ids])
     return [ids[owners == shard] for shard in range(num_shards)]
+
+
+@pytest.fixture
+def race_table():
+    """race_table(name, num_rows, **kwargs): a named zero-init table whose rows are dropped after the
+    test: a named table outlives its test, and its records would hold store memory others measure."""
+    made = []
+
+    def make(name, num_rows, **kwargs):
+        made.append((ops.init_embedding_table(name, num_rows, DIM, init=torch_recdev.Zero(), **kwargs), num_rows))
+        return made[-1][0]
+
+    yield make
+    for table, num_rows in made:
+        ops.emb_delete(table, torch.arange(num_rows))
 
 
 def race_saves(tmp_path, request_forever):
@@ -76,9 +92,9 @@ def saved_states(name, table, paths, ids):
         yield ops.emb_read(table, keys).cpu().numpy(), ops.emb_exists(table, keys).cpu().numpy()
 
 
-def test_a_save_holds_each_write_wholly_or_not_at_all(tmp_path):
+def test_a_save_holds_each_write_wholly_or_not_at_all(tmp_path, race_table):
     name = "snapshot_race_write"
-    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero())
+    table = race_table(name, 2 * ROWS)
     ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)  # every sub-shard and every shard
 
     def write_forever(stop):
@@ -96,9 +112,9 @@ def test_a_save_holds_each_write_wholly_or_not_at_all(tmp_path):
             assert len(values) == 1, f"save {k} holds parts of writes {values.tolist()} on one shard"
 
 
-def test_a_save_holds_each_delete_wholly_or_not_at_all(tmp_path):
+def test_a_save_holds_each_delete_wholly_or_not_at_all(tmp_path, race_table):
     name = "snapshot_race_delete"
-    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero())
+    table = race_table(name, 2 * ROWS)
     ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)
     keys = torch.from_numpy(ids)
 
@@ -115,9 +131,9 @@ def test_a_save_holds_each_delete_wholly_or_not_at_all(tmp_path):
             assert held.all() or not held.any(), f"save {k} holds {int(held.sum())} of {len(held)} rows of one delete"
 
 
-def test_a_save_holds_each_update_wholly_or_not_at_all(tmp_path):
+def test_a_save_holds_each_update_wholly_or_not_at_all(tmp_path, race_table):
     name = "snapshot_race_update"
-    table = ops.init_embedding_table(name, 2 * ROWS, DIM, init=torch_recdev.Zero(), optimizer=("sgd", {"lr": 1.0}))
+    table = race_table(name, 2 * ROWS, optimizer=("sgd", {"lr": 1.0}))
     ids = np.arange(0, 2 * ROWS, 2, dtype=np.int64)
     keys, grads = torch.from_numpy(ids), -torch.ones(len(ids), DIM)
 
@@ -134,10 +150,10 @@ def test_a_save_holds_each_update_wholly_or_not_at_all(tmp_path):
 
 
 
-def test_a_save_holds_each_tensor_copy_wholly_or_not_at_all(tmp_path):
+def test_a_save_holds_each_tensor_copy_wholly_or_not_at_all(tmp_path, race_table):
     # copy_ into a table writes through write_bytes, a batch of rows at a time: one request still.
     name = "snapshot_race_copy"
-    table = ops.init_embedding_table(name, ROWS, DIM, init=torch_recdev.Zero())
+    table = race_table(name, ROWS)
     ids = np.arange(ROWS, dtype=np.int64)
 
     def copy_forever(stop):
