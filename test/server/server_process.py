@@ -14,6 +14,14 @@ class ServerProcess(local_shards.ServerProcess):
     def connect(self, **kwargs):
         return wire.Connection(self.port, **kwargs)
 
+    def rss_bytes(self):
+        """The server process's resident memory now (VmRSS)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS for pid {self.proc.pid}")
+
 
 def checksum(conn, tables=None):
     """A digest of every table the connection can see (or of those of `tables`, by id): description

@@ -16,14 +16,6 @@ from wire import frame
 TOKEN = "admission-token"
 
 
-def rss_bytes(server):
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.fixture
 def token_file(tmp_path):
     path = tmp_path / "token"
@@ -115,7 +107,7 @@ def test_a_huge_frame_before_hello_is_refused_and_holds_no_memory(start_server, 
         assert wire.ERROR_NAMES[code] == "Protocol" and "before HELLO" in message and request_id == 4
         assert c.is_closed()
 
-    before = rss_bytes(server)
+    before = server.rss_bytes()
     chunk = bytes(1 << 20)
 
     def stream():
@@ -126,7 +118,7 @@ def test_a_huge_frame_before_hello_is_refused_and_holds_no_memory(start_server, 
                     s.sendall(chunk)
             except OSError:
                 pass  # refused and closed: the rest could not be sent
-            grown.append(rss_bytes(server) - before)
+            grown.append(server.rss_bytes() - before)
 
     grown = []
     threads = [threading.Thread(target=stream) for _ in range(4)]
@@ -145,7 +137,7 @@ def test_request_buffers_are_released_and_counted(start_server):
     with server.connect() as c:
         table = c.create_table(100_000, 1024)
         baseline = c.stats()["bytes"]
-        rss_before = rss_bytes(server)
+        rss_before = server.rss_bytes()
         # 96 MiB of rows for a table that does not exist: read whole, refused, nothing stored.
         rows = np.zeros((24576, 1024), np.float32)
         with pytest.raises(wire.ServerError) as info:
@@ -153,7 +145,7 @@ def test_request_buffers_are_released_and_counted(start_server):
         assert info.value.name == "NotFound"
         del rows
         time.sleep(0.5)
-        assert rss_bytes(server) - rss_before < (32 << 20)
+        assert server.rss_bytes() - rss_before < (32 << 20)
         # A 32 MiB answer's buffer is kept for the next answers, and counted while kept...
         c.gather(table, np.arange(8192), op="PEEK")
         assert c.stats()["bytes"] >= baseline + (32 << 20)

@@ -176,14 +176,6 @@ def cases(rng):
     return plan
 
 
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def run_case(server, ctx, case, rng):
     """Sends one case on its own connection; returns a problem found, or None."""
     kind, message, field, mutation = case
@@ -240,7 +232,7 @@ def test_fuzz_every_field_of_every_message(start_server):
 
     owner = server.connect()  # keeps the fuzzing session alive
     ctx = {"session": owner.welcome["session_id"], "request_id": 1}
-    rss_start = rss_bytes(server.proc.pid)
+    rss_start = server.rss_bytes()
     rng = random.Random(SEED)
     plan = cases(rng)
     assert len(plan) >= 1000
@@ -258,7 +250,7 @@ def test_fuzz_every_field_of_every_message(start_server):
         assert server.alive(), f"the server died in the batch from case {batch_start}: {server.log()[-2000:]}"
         with server.connect() as fresh:
             assert fresh.call("PING") == b""
-        rss = rss_bytes(server.proc.pid)
+        rss = server.rss_bytes()
         assert rss < 2 * rss_start + RSS_SLACK, f"RSS {rss >> 20} MiB from {rss_start >> 20} MiB"
         assert checksum(keeper, tables=protected) == digest, f"a protected table changed in batch {batch_start}"
     assert {t: keeper.info(t)["stats"]["rows"] for t in protected} == rows_before

@@ -3,7 +3,6 @@ no torch and no Python, the command on PATH is that executable, and an idle serv
 it starts is measured by `make bench`, not asserted here.)"""
 
 import os
-import re
 import subprocess
 import sys
 
@@ -32,16 +31,11 @@ def test_the_command_on_path_is_the_native_executable():
         assert flag in result.stdout
 
 
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
-
-
 def test_an_idle_server_holds_under_20_mib(start_server):
     server = start_server()
     with server.connect() as conn:  # serving, not just started
         conn.call("STATS", b"")
-    assert rss_kib(server.proc.pid) < 20 * 1024
+    assert server.rss_bytes() < 20 << 20
 
 
 def test_stats_report(start_server):
