@@ -102,7 +102,7 @@ struct TurnTable {
 
 // Four small integers (|i| < 2^51, one per 64-bit lane) as doubles: AVX2 has no such conversion, but
 // adding i to the bits of 1.5 * 2^52 puts it in the low mantissa bits.
-RECDEV_STORE_AVX2_FMA __m256d small_ints_to_double(__m256i i) {
+RECDEV_STORE_AVX2 __m256d small_ints_to_double(__m256i i) {
   const __m256i magic_bits = _mm256_set1_epi64x(0x4338000000000000);
   return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(i, magic_bits)), _mm256_set1_pd(0x1.8p52));
 }
@@ -118,7 +118,7 @@ RECDEV_STORE_AVX2_FMA __m256d polynomial(__m256d v, const std::array<double, N>&
 // Philox4x32-10 of blocks first_block .. first_block + 3 of a row: words[j] holds word j of the four
 // blocks, one block per 64-bit lane, so that one _mm256_mul_epu32 makes four 32 x 32 -> 64-bit
 // products.
-RECDEV_STORE_AVX2_FMA void philox_4_blocks(uint32_t first_block, uint64_t row_id, PhiloxKey key, __m256i words[4]) {
+RECDEV_STORE_AVX2 void philox_4_blocks(uint32_t first_block, uint64_t row_id, PhiloxKey key, __m256i words[4]) {
   const __m256i low_half = _mm256_set1_epi64x(0xFFFFFFFF);
   const __m256i multiplier0 = _mm256_set1_epi64x(kPhiloxMultiplier0);
   const __m256i multiplier1 = _mm256_set1_epi64x(kPhiloxMultiplier1);
@@ -270,6 +270,32 @@ RECDEV_STORE_AVX2_FMA void fill_normal_avx2(double mean, double std, PhiloxKey k
     std::memcpy(out + first, tail, (dim - first) * sizeof(float));
   }
 }
+// Elements [first, first + 16) of a Uniform row into out[0, 16): fill_uniform_reference's floats, 16 at
+// a time. Compiled without FMA, so lower + width * unit rounds twice, as the reference does.
+RECDEV_STORE_AVX2 void uniform_16(double lower, double width, float upper, float below_upper, PhiloxKey key,
+                                  uint64_t row_id, uint32_t first, float* out) {
+  __m256i words[4];
+  philox_4_blocks(first / 4, row_id, key, words);
+  __m128 lanes[4];  // element j of each block in lanes[j]
+  for (int j = 0; j < 4; ++j) {
+    const __m256d unit = _mm256_mul_pd(small_ints_to_double(_mm256_srli_epi64(words[j], 8)), _mm256_set1_pd(kInvTwoPow24));
+    const __m128 value = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_set1_pd(lower), _mm256_mul_pd(_mm256_set1_pd(width), unit)));
+    lanes[j] = _mm_blendv_ps(value, _mm_set1_ps(below_upper), _mm_cmpge_ps(value, _mm_set1_ps(upper)));
+  }
+  _MM_TRANSPOSE4_PS(lanes[0], lanes[1], lanes[2], lanes[3]);  // now block b's elements in lanes[b]
+  for (int block = 0; block < 4; ++block) _mm_storeu_ps(out + 4 * block, lanes[block]);
+}
+
+RECDEV_STORE_AVX2 void fill_uniform_avx2(double lower, double upper, float upper_f, float below_upper, PhiloxKey key,
+                                         uint64_t row_id, uint32_t dim, float* out) {
+  uint32_t first = 0;
+  for (; first + 16 <= dim; first += 16) uniform_16(lower, upper - lower, upper_f, below_upper, key, row_id, first, out + first);
+  if (first < dim) {
+    float tail[16];
+    uniform_16(lower, upper - lower, upper_f, below_upper, key, row_id, first, tail);
+    std::memcpy(out + first, tail, (dim - first) * sizeof(float));
+  }
+}
 #endif
 
 void fill_normal(double mean, double std, PhiloxKey key, uint64_t row_id, uint32_t dim, float* out) {
@@ -279,11 +305,10 @@ void fill_normal(double mean, double std, PhiloxKey key, uint64_t row_id, uint32
   fill_normal_reference(mean, std, key, row_id, dim, out);
 }
 
-void fill_uniform(double lower, double upper, PhiloxKey key, uint64_t row_id, uint32_t dim, float* out) {
-  const float lower_f = float(lower);
-  const float upper_f = float(upper);
-  // Rounding to float can land exactly on upper; the largest float below it keeps the range half-open.
-  const float below_upper = std::max(lower_f, std::nextafter(upper_f, -std::numeric_limits<float>::infinity()));
+// Element e of a row is float(lower + (upper - lower) * unit), unit = the top 24 bits of word e % 4 of
+// block e / 4, over 2^24.
+void fill_uniform_reference(double lower, double upper, float upper_f, float below_upper, PhiloxKey key,
+                            uint64_t row_id, uint32_t dim, float* out) {
   for (uint32_t first = 0, block = 0; first < dim; first += 4, ++block) {
     const PhiloxCounter words = philox4x32_10(philox_counter(block, row_id), key);
     for (uint32_t lane = 0; lane < 4 && first + lane < dim; ++lane) {
@@ -292,6 +317,17 @@ void fill_uniform(double lower, double upper, PhiloxKey key, uint64_t row_id, ui
       out[first + lane] = value >= upper_f ? below_upper : value;
     }
   }
+}
+
+void fill_uniform(double lower, double upper, PhiloxKey key, uint64_t row_id, uint32_t dim, float* out) {
+  const float lower_f = float(lower);
+  const float upper_f = float(upper);
+  // Rounding to float can land exactly on upper; the largest float below it keeps the range half-open.
+  const float below_upper = std::max(lower_f, std::nextafter(upper_f, -std::numeric_limits<float>::infinity()));
+#ifdef RECDEV_STORE_AVX2_KERNELS
+  if (cpu_has_avx2()) return fill_uniform_avx2(lower, upper, upper_f, below_upper, key, row_id, dim, out);
+#endif
+  fill_uniform_reference(lower, upper, upper_f, below_upper, key, row_id, dim, out);
 }
 
 std::string format_number(double value) {

@@ -30,6 +30,8 @@ constexpr size_t kFiniteCheckRows = 128;
 constexpr size_t kRowBatch = 2048;
 // Rows per thread of a snapshot's copy: a memory copy, worth a thread only for a large table.
 constexpr size_t kCopyRowsPerThread = 65536;
+// Rows to materialize (compute an init value and insert) worth a thread of their own.
+constexpr size_t kMaterializeRowsPerThread = 4096;
 
 // How far ahead, in rows, batch loops prefetch: a row's index bucket kBucketAhead rows before it is
 // looked up, its record records_ahead(bytes) rows before it is visited. Far enough to hide a DRAM
@@ -359,16 +361,19 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
   found.unlock();
   // Second pass under the write locks, a sub-shard at a time: materialize what was missing (another
   // thread may have materialized, or written, some of it in between; materialize() then finds it).
+  // Computing init values is most of a first touch, so sub-shards go to several threads.
   const ShardRoute route(missing.data(), missing.size());
-  for (size_t s = 0; s < kNumShards; ++s) {
-    if (route.begin(s) == route.end(s)) continue;
+  run_tasks(kNumShards, threads_for(missing.size(), kMaterializeRowsPerThread), [&](size_t s) {
+    if (route.begin(s) == route.end(s)) return;
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
+    shard.rows.reserve(shard.rows.size() + (route.end(s) - route.begin(s)));  // one rehash, not many
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      if (entry + kBucketAhead < route.end(s)) shard.rows.prefetch_bucket(route.hash(entry + kBucketAhead));
       const size_t k = route.position(entry);
       std::memcpy(out + missing_at[k] * row_bytes, materialize(shard, missing[k], route.hash(entry)), row_bytes);
     }
-  }
+  });
   reads_.fetch_add(n, std::memory_order_relaxed);
 }
 

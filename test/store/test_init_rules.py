@@ -131,6 +131,31 @@ def test_normal_statistics(store_mod):
         assert abs(np.corrcoef(z[:, 0], z[:, lag])[0, 1]) < 0.06
 
 
+def uniform_row_reference(store_mod, lower, upper, seed, table_id, row_id, dim):
+    """The Uniform rule as init_rule.cpp defines it: the top 24 bits of each Philox word over 2^24, scaled
+    in double and rounded to float32, a value that rounds up to upper replaced by the float below it."""
+    key = seed ^ mix64(table_id)
+    words = []
+    for block in range((dim + 3) // 4):
+        words += store_mod.philox4x32_10([block, 0, row_id & 0xFFFFFFFF, row_id >> 32], [key & 0xFFFFFFFF, key >> 32])
+    unit = (np.array(words[:dim], np.uint64) >> 8).astype(np.float64) * 2.0**-24
+    values = (lower + (upper - lower) * unit).astype(np.float32)
+    below_upper = max(np.float32(lower), np.nextafter(np.float32(upper), np.float32(-np.inf)))
+    return np.where(values >= np.float32(upper), below_upper, values).astype(np.float32)
+
+
+@pytest.mark.parametrize("lower,upper", [(-1.0, 1.0), (-2.0, 5.0), (0.0, 1e-30), (1.0, 1.0 + 2**-22), (-3e38, 3e38)])
+def test_uniform_values_are_the_reference_bit_for_bit(store_mod, rng, lower, upper):
+    """fill_row computes 16 elements at a time where AVX2 is available; every float must still be the
+    scalar definition's (the narrow ranges make many values round onto upper)."""
+    rule = store_mod.InitRule.uniform(lower, upper, seed=5)
+    dim = 37  # two 16-element chunks and a partial one
+    for row_id in [0, 1, 2**32 + 5, MASK64] + rng.integers(0, 2**63, size=300).tolist():
+        got = store_mod.init_row(rule, 9, int(row_id), dim, MASK64)
+        expected = uniform_row_reference(store_mod, lower, upper, 5, 9, int(row_id), dim)
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 def test_uniform_statistics(store_mod):
     lower, upper = -2.0, 5.0
     table = first_table(store_mod, store_mod.InitRule.uniform(lower, upper, seed=2), dim=50)
