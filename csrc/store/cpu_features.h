@@ -6,9 +6,6 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define RECDEV_STORE_AVX2_KERNELS 1
 #define RECDEV_STORE_AVX2_FMA __attribute__((target("avx2,fma")))
-// Without FMA: a kernel whose floats must equal a scalar reference's, where the compiler would
-// otherwise fuse a multiply and an add into one differently rounded fma.
-#define RECDEV_STORE_AVX2 __attribute__((target("avx2")))
 
 namespace recdev::store {
 

@@ -102,7 +102,7 @@ struct TurnTable {
 
 // Four small integers (|i| < 2^51, one per 64-bit lane) as doubles: AVX2 has no such conversion, but
 // adding i to the bits of 1.5 * 2^52 puts it in the low mantissa bits.
-RECDEV_STORE_AVX2 __m256d small_ints_to_double(__m256i i) {
+RECDEV_STORE_AVX2_FMA __m256d small_ints_to_double(__m256i i) {
   const __m256i magic_bits = _mm256_set1_epi64x(0x4338000000000000);
   return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(i, magic_bits)), _mm256_set1_pd(0x1.8p52));
 }
@@ -115,11 +115,31 @@ RECDEV_STORE_AVX2_FMA __m256d polynomial(__m256d v, const std::array<double, N>&
   return sum;
 }
 
+// Philox4x32-10's round keys of one row's key, broadcast: the same for every block of the row, so
+// computed once per row rather than once per four blocks.
+struct PhiloxRoundKeys {
+  __m256i key0[kPhiloxRounds];
+  __m256i key1[kPhiloxRounds];
+};
+
+RECDEV_STORE_AVX2_FMA PhiloxRoundKeys philox_round_keys(PhiloxKey key) {
+  PhiloxRoundKeys keys;
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    keys.key0[round] = _mm256_set1_epi64x(key[0]);
+    keys.key1[round] = _mm256_set1_epi64x(key[1]);
+    key[0] += kPhiloxWeyl0;
+    key[1] += kPhiloxWeyl1;
+  }
+  return keys;
+}
+
 // Philox4x32-10 of blocks first_block .. first_block + 3 of a row: words[j] holds word j of the four
 // blocks, one block per 64-bit lane, so that one _mm256_mul_epu32 makes four 32 x 32 -> 64-bit
-// products.
-RECDEV_STORE_AVX2 void philox_4_blocks(uint32_t first_block, uint64_t row_id, PhiloxKey key, __m256i words[4]) {
-  const __m256i low_half = _mm256_set1_epi64x(0xFFFFFFFF);
+// products. _mm256_mul_epu32 reads only the low half of each lane, so the rounds leave garbage in the
+// high halves and one mask at the end clears it.
+[[gnu::always_inline]] inline RECDEV_STORE_AVX2_FMA void philox_4_blocks(uint32_t first_block, uint64_t row_id,
+                                                                          const PhiloxRoundKeys& keys,
+                                                                          __m256i words[4]) {
   const __m256i multiplier0 = _mm256_set1_epi64x(kPhiloxMultiplier0);
   const __m256i multiplier1 = _mm256_set1_epi64x(kPhiloxMultiplier1);
   __m256i c0 = _mm256_add_epi64(_mm256_set1_epi64x(first_block), _mm256_setr_epi64x(0, 1, 2, 3));
@@ -129,17 +149,16 @@ RECDEV_STORE_AVX2 void philox_4_blocks(uint32_t first_block, uint64_t row_id, Ph
   for (int round = 0; round < kPhiloxRounds; ++round) {
     const __m256i product0 = _mm256_mul_epu32(multiplier0, c0);
     const __m256i product1 = _mm256_mul_epu32(multiplier1, c2);
-    c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product1, 32), c1), _mm256_set1_epi64x(key[0]));
-    c1 = _mm256_and_si256(product1, low_half);
-    c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product0, 32), c3), _mm256_set1_epi64x(key[1]));
-    c3 = _mm256_and_si256(product0, low_half);
-    key[0] += kPhiloxWeyl0;
-    key[1] += kPhiloxWeyl1;
+    c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product1, 32), c1), keys.key0[round]);
+    c1 = product1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(product0, 32), c3), keys.key1[round]);
+    c3 = product0;
   }
-  words[0] = c0;
-  words[1] = c1;
-  words[2] = c2;
-  words[3] = c3;
+  const __m256i low_half = _mm256_set1_epi64x(0xFFFFFFFF);
+  words[0] = _mm256_and_si256(c0, low_half);
+  words[1] = _mm256_and_si256(c1, low_half);
+  words[2] = _mm256_and_si256(c2, low_half);
+  words[3] = _mm256_and_si256(c3, low_half);
 }
 
 // log(u1) for u1 = (word + 1) / 2^32, 4 lanes: fdlibm's e_log.c (x = 2^k m with m in [sqrt(1/2),
@@ -228,10 +247,11 @@ RECDEV_STORE_AVX2_FMA __m128 round_to_float(__m256d mean, __m256d scale, __m256d
 }
 
 // Elements [first, first + 16) of a row, i.e. blocks first / 4 .. first / 4 + 3, into out[0, 16).
-RECDEV_STORE_AVX2_FMA void normal_16(const TurnTable& table, double mean, double std, PhiloxKey key, uint64_t row_id,
+RECDEV_STORE_AVX2_FMA void normal_16(const TurnTable& table, double mean, double std, const PhiloxRoundKeys& keys,
+                                     uint64_t row_id,
                                      uint32_t first, float* out) {
   __m256i words[4];
-  philox_4_blocks(first / 4, row_id, key, words);
+  philox_4_blocks(first / 4, row_id, keys, words);
   // Pair 0 of each block is (word 0, word 1), pair 1 (word 2, word 3).
   __m128 lanes[4];  // cos and sin of pair 0, cos and sin of pair 1: element j of each block in lanes[j]
   int certain[4];
@@ -262,37 +282,49 @@ RECDEV_STORE_AVX2_FMA void normal_16(const TurnTable& table, double mean, double
 RECDEV_STORE_AVX2_FMA void fill_normal_avx2(double mean, double std, PhiloxKey key, uint64_t row_id, uint32_t dim,
                                             float* out) {
   static const TurnTable table;
+  const PhiloxRoundKeys keys = philox_round_keys(key);
   uint32_t first = 0;
-  for (; first + 16 <= dim; first += 16) normal_16(table, mean, std, key, row_id, first, out + first);
+  for (; first + 16 <= dim; first += 16) normal_16(table, mean, std, keys, row_id, first, out + first);
   if (first < dim) {
     float tail[16];
-    normal_16(table, mean, std, key, row_id, first, tail);
+    normal_16(table, mean, std, keys, row_id, first, tail);
     std::memcpy(out + first, tail, (dim - first) * sizeof(float));
   }
 }
+
+// The compiler may not fuse a multiply into the add that uses `product`: an fma rounds once where the
+// reference rounds twice.
+RECDEV_STORE_AVX2_FMA __m256d rounded_product(__m256d product) {
+  asm("" : "+x"(product));
+  return product;
+}
+
 // Elements [first, first + 16) of a Uniform row into out[0, 16): fill_uniform_reference's floats, 16 at
-// a time. Compiled without FMA, so lower + width * unit rounds twice, as the reference does.
-RECDEV_STORE_AVX2 void uniform_16(double lower, double width, float upper, float below_upper, PhiloxKey key,
-                                  uint64_t row_id, uint32_t first, float* out) {
+// a time.
+RECDEV_STORE_AVX2_FMA void uniform_16(double lower, double width, float upper, float below_upper,
+                                      const PhiloxRoundKeys& keys, uint64_t row_id, uint32_t first, float* out) {
   __m256i words[4];
-  philox_4_blocks(first / 4, row_id, key, words);
+  philox_4_blocks(first / 4, row_id, keys, words);
   __m128 lanes[4];  // element j of each block in lanes[j]
   for (int j = 0; j < 4; ++j) {
     const __m256d unit = _mm256_mul_pd(small_ints_to_double(_mm256_srli_epi64(words[j], 8)), _mm256_set1_pd(kInvTwoPow24));
-    const __m128 value = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_set1_pd(lower), _mm256_mul_pd(_mm256_set1_pd(width), unit)));
+    const __m256d offset = rounded_product(_mm256_mul_pd(_mm256_set1_pd(width), unit));
+    const __m128 value = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_set1_pd(lower), offset));
     lanes[j] = _mm_blendv_ps(value, _mm_set1_ps(below_upper), _mm_cmpge_ps(value, _mm_set1_ps(upper)));
   }
   _MM_TRANSPOSE4_PS(lanes[0], lanes[1], lanes[2], lanes[3]);  // now block b's elements in lanes[b]
   for (int block = 0; block < 4; ++block) _mm_storeu_ps(out + 4 * block, lanes[block]);
 }
 
-RECDEV_STORE_AVX2 void fill_uniform_avx2(double lower, double upper, float upper_f, float below_upper, PhiloxKey key,
-                                         uint64_t row_id, uint32_t dim, float* out) {
+RECDEV_STORE_AVX2_FMA void fill_uniform_avx2(double lower, double upper, float upper_f, float below_upper, PhiloxKey key,
+                                             uint64_t row_id, uint32_t dim, float* out) {
+  const PhiloxRoundKeys keys = philox_round_keys(key);
+  const double width = upper - lower;
   uint32_t first = 0;
-  for (; first + 16 <= dim; first += 16) uniform_16(lower, upper - lower, upper_f, below_upper, key, row_id, first, out + first);
+  for (; first + 16 <= dim; first += 16) uniform_16(lower, width, upper_f, below_upper, keys, row_id, first, out + first);
   if (first < dim) {
     float tail[16];
-    uniform_16(lower, upper - lower, upper_f, below_upper, key, row_id, first, tail);
+    uniform_16(lower, width, upper_f, below_upper, keys, row_id, first, tail);
     std::memcpy(out + first, tail, (dim - first) * sizeof(float));
   }
 }
@@ -325,7 +357,7 @@ void fill_uniform(double lower, double upper, PhiloxKey key, uint64_t row_id, ui
   // Rounding to float can land exactly on upper; the largest float below it keeps the range half-open.
   const float below_upper = std::max(lower_f, std::nextafter(upper_f, -std::numeric_limits<float>::infinity()));
 #ifdef RECDEV_STORE_AVX2_KERNELS
-  if (cpu_has_avx2()) return fill_uniform_avx2(lower, upper, upper_f, below_upper, key, row_id, dim, out);
+  if (cpu_has_avx2_fma()) return fill_uniform_avx2(lower, upper, upper_f, below_upper, key, row_id, dim, out);
 #endif
   fill_uniform_reference(lower, upper, upper_f, below_upper, key, row_id, dim, out);
 }

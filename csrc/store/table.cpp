@@ -368,8 +368,18 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     shard.rows.reserve(shard.rows.size() + (route.end(s) - route.begin(s)));  // one rehash, not many
+    // A sub-shard's entries are about every kNumShards-th row of the batch: each one's batch-order
+    // slots (missing, missing_at) and output row are a cache miss of their own, so all are prefetched.
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
-      if (entry + kBucketAhead < route.end(s)) shard.rows.prefetch_bucket(route.hash(entry + kBucketAhead));
+      if (entry + 2 * kBucketAhead < route.end(s)) {
+        const size_t ahead = route.position(entry + 2 * kBucketAhead);
+        prefetch(&missing[ahead]);
+        prefetch(&missing_at[ahead]);
+      }
+      if (entry + kBucketAhead < route.end(s)) {
+        shard.rows.prefetch_bucket(route.hash(entry + kBucketAhead));
+        prefetch_range(out + missing_at[route.position(entry + kBucketAhead)] * row_bytes, row_bytes);
+      }
       const size_t k = route.position(entry);
       std::memcpy(out + missing_at[k] * row_bytes, materialize(shard, missing[k], route.hash(entry)), row_bytes);
     }
