@@ -65,7 +65,8 @@ at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle&
   if (values.scalar_type() != dtype || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
       values.size(1) != dim) {
     throw py::value_error(
-        std::string(what) + ": expected " + c10::toString(dtype) + " rows of shape [" + std::to_string(n) + ", " +
+        std::string(what) + ": expected " + store::element_type_name(table.dtype()) + " rows of shape [" +
+        std::to_string(n) + ", " +
         std::to_string(dim) + "] (one per key, the table's dtype); got " + values.toString() + " of shape " +
         c10::str(values.sizes()));
   }
@@ -102,13 +103,12 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   if (auto existing = client->find(name)) {
     const store::TableConfig found = (*existing)->config();
     if (found.num_rows != config.num_rows || found.dim != config.dim || found.dtype != config.dtype) {
-      const std::string found_dtype =
-          found.dtype == store::ElementType::Bytes ? "bytes" : c10::toString(scalar_type_of(found.dtype));
+      const std::string found_dtype = store::element_type_name(found.dtype);
       const uint64_t found_dim = uint64_t{found.dim} * 4 / store::element_bytes(found.dtype);
       throw py::value_error(
           "init_embedding_table: table '" + name + "' exists with " + std::to_string(found.num_rows) + " x " +
           std::to_string(found_dim) + " rows of " + found_dtype + "; asked for " + std::to_string(num_embeddings) +
-          " x " + std::to_string(embedding_dim) + " of " + c10::toString(dtype) +
+          " x " + std::to_string(embedding_dim) + " of " + store::element_type_name(type) +
           " (a table's dtype is part of its identity: it is never reinterpreted)");
     }
     table = std::move(*existing);
