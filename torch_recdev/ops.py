@@ -121,16 +121,20 @@ def init_embedding_table(
     *,
     init: Optional[InitStrategy] = None,
     optimizer: Optional[tuple[str, dict]] = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The named table ``name`` as a ``[num_embeddings, embedding_dim]`` float32 recdev tensor.
+    """The named table ``name`` as a ``[num_embeddings, embedding_dim]`` recdev tensor of ``dtype``
+    (float32, float16, bfloat16 or float64; half types need an even ``embedding_dim``).
 
-    The same name returns the same table (a different shape is an error). ``init``
+    The same name returns the same table (a different shape or dtype is an error). ``init``
     sets the rule every untouched row follows (O(1)); ``optimizer`` is
     ``(kind, hyperparameters)`` with kind one of sgd, adagrad, rowwise_adagrad,
     adam, e.g. ``("adagrad", {"lr": 0.05})``."""
     if not isinstance(name, str) or not name:
         raise ValueError("init_embedding_table: name must be a non-empty string")
-    table = _C._named_table(name, int(num_embeddings), int(embedding_dim))
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"init_embedding_table: dtype must be a torch.dtype; got {dtype!r}")
+    table = _C._named_table(name, int(num_embeddings), int(embedding_dim), dtype)
     if init is not None:
         if not isinstance(init, InitStrategy):
             raise TypeError(f"init must be a torch_recdev init strategy (Normal, Uniform, ...); got {init!r}")
@@ -153,7 +157,7 @@ def init_embedding_table(
 
 
 def emb_init(table: torch.Tensor, keys: torch.Tensor, values_or_strategy) -> None:
-    """Sets rows: to given values ([len(keys), dim] float32), or by an init strategy."""
+    """Sets rows: to given values ([len(keys), dim] of the table's dtype), or by an init strategy."""
     if isinstance(values_or_strategy, InitStrategy):
         torch.ops.recdev.emb_init(table, keys, *values_or_strategy._rule())
     elif isinstance(values_or_strategy, torch.Tensor):
@@ -163,7 +167,7 @@ def emb_init(table: torch.Tensor, keys: torch.Tensor, values_or_strategy) -> Non
 
 
 def emb_read(table: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """The rows of ``keys`` ([len(keys), dim], on recdev host storage)."""
+    """The rows of ``keys`` ([len(keys), dim] of the table's dtype, on recdev host storage)."""
     return torch.ops.recdev.emb_read(table, keys)
 
 

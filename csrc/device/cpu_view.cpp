@@ -80,7 +80,8 @@ c10::Storage result_storage(const at::Tensor& cpu_result) {
   if (!place_in_table(cpu.nbytes())) {
     return adopt_cpu_storage(cpu);
   }
-  c10::Storage table = make_table_storage(cpu.nbytes(), table_row_bytes(cpu_result.sizes(), cpu_result.scalar_type()));
+  c10::Storage table = make_table_storage(cpu.nbytes(), table_row_bytes(cpu_result.sizes(), cpu_result.scalar_type()),
+                                           element_type_of(cpu_result.scalar_type()));
   table_block(table)->table().write_bytes(0, cpu.nbytes(), cpu.data());
   return table;
 }

@@ -82,11 +82,35 @@ c10::Storage wrap_table(
       /*resizable=*/false));
 }
 
-c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes) {
+store::ElementType element_type_of(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float: return store::ElementType::Float32;
+    case c10::ScalarType::Half: return store::ElementType::Float16;
+    case c10::ScalarType::BFloat16: return store::ElementType::BFloat16;
+    case c10::ScalarType::Double: return store::ElementType::Float64;
+    default: return store::ElementType::Bytes;
+  }
+}
+
+c10::ScalarType scalar_type_of(store::ElementType type) {
+  switch (type) {
+    case store::ElementType::Float32: return c10::ScalarType::Float;
+    case store::ElementType::Float16: return c10::ScalarType::Half;
+    case store::ElementType::BFloat16: return c10::ScalarType::BFloat16;
+    case store::ElementType::Float64: return c10::ScalarType::Double;
+    case store::ElementType::Bytes: break;
+  }
+  TORCH_CHECK(false, "recdev: a table of bytes has no torch dtype of its own");
+}
+
+c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes, store::ElementType type) {
   TORCH_CHECK(row_bytes > 0 && row_bytes % 4 == 0, "recdev: table rows are whole 4-byte words");
   store::TableConfig config;
   config.num_rows = (nbytes + row_bytes - 1) / row_bytes;
   config.dim = row_bytes / 4;
+  config.dtype = type;
+  // A float64 row must be whole elements; a storage whose rows are not is held as bytes.
+  if (config.dtype == store::ElementType::Float64 && config.dim % 2 != 0) config.dtype = store::ElementType::Bytes;
   std::shared_ptr<store::StoreClient> client = current_store();
   std::shared_ptr<store::TableHandle> table = client->create_table(config, /*init_stream=*/0);
   try {

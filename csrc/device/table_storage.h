@@ -7,6 +7,8 @@
 
 #include "storage_context.h"
 
+#include "store/element_type.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
@@ -63,7 +65,15 @@ struct TableBlock final : StorageContext {
 
 // A new anonymous table storage of `nbytes` bytes, rows of `row_bytes`, in
 // the current store.
-c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes);
+// `type` is the table's element type (element_type_of the tensor's dtype), its identity in the store;
+// a float64 table whose rows are not whole elements is held as bytes.
+c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes, store::ElementType type);
+
+// The store's element type for a torch dtype: float32, float16, bfloat16 and float64 tables are
+// computed on; every other dtype is held as bytes.
+store::ElementType element_type_of(c10::ScalarType dtype);
+// The torch dtype of a table of this element type (Bytes has none: throws).
+c10::ScalarType scalar_type_of(store::ElementType type);
 
 // A recdev storage over an existing table of `client` (a named one,
 // owns_table=false, outlives the storage).

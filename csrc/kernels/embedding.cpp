@@ -4,6 +4,7 @@
 // move; outputs are host storage. Host-storage weights, and table views these
 // kernels cannot read row by row, go to the CPU fallback.
 
+#include "device/cpu_access.h"
 #include "device/cpu_view.h"
 #include "device/table_storage.h"
 #include "fallback.h"
@@ -13,6 +14,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_embedding_bag.h>
+#include <ATen/ops/_unique.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
@@ -121,6 +124,58 @@ at::Tensor offsets_for_store(const at::Tensor& offsets, size_t num_ids) {
   return result;
 }
 
+// embedding_bag on a table of another floating type than float32: the store pools float32 tables
+// only, so the bags' distinct rows are gathered (only the rows touched move) and CPU's own
+// _embedding_bag pools them, with ids renumbered into the gathered rows; its results are exactly
+// those of F.embedding_bag on the whole table, max indices mapped back to row ids.
+void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack, uint64_t first_row) {
+  const size_t n = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  const at::Tensor& weight = arg(args, 0);
+  const at::Tensor& indices = arg(args, 1);
+  TORCH_CHECK(indices.dim() == 1, "input has to be 1D or 2D Tensor, but got Tensor of dimension ", indices.dim());
+  // Checks every id against the view's rows, with CPU's message, before anything moves.
+  const RowIds checked(indices, weight.size(0), first_row, IdRule::EmbeddingBag, "embedding_bag");
+  const at::Tensor ids = on_cpu(indices).to(at::kLong);
+  const auto [distinct, position] = at::_unique(ids, /*sorted=*/false, /*return_inverse=*/true);
+  const at::Tensor rows = device::CpuAccess(gather(weight, first_row, distinct, IdRule::EmbeddingBag, "embedding_bag"),
+                                            "embedding_bag").cpu();
+  int64_t padding_idx = args[8].toInt();
+  if (padding_idx >= 0) {
+    const at::Tensor where_padding = distinct.eq(padding_idx).nonzero();
+    padding_idx = where_padding.numel() > 0 ? where_padding.view(-1).item<int64_t>() : -1;
+  }
+  at::Tensor per_sample_weights;
+  if (args[6].isTensor() && args[6].toTensor().defined()) per_sample_weights = on_cpu(args[6].toTensor());
+  const int64_t mode = args[4].toInt();
+  auto [out, offset2bag, bag_size, max_indices] = at::_embedding_bag(
+      rows, position.to(indices.scalar_type()), on_cpu(arg(args, 2)), args[3].toBool(), mode, args[5].toBool(),
+      per_sample_weights.defined() ? std::optional<at::Tensor>(per_sample_weights) : std::nullopt, args[7].toBool(),
+      padding_idx);
+  if (mode == 2 && max_indices.numel() > 0) {
+    max_indices = distinct.to(max_indices.scalar_type()).index_select(0, max_indices.flatten()).view_as(max_indices);
+  }
+  // CPU's fast sum path leaves offset2bag empty (its backward rebuilds it); the store's backward
+  // reads it, so it is filled here as the float32 kernel fills it: ids past the last bag go to it.
+  if (offset2bag.numel() != ids.numel()) {
+    const at::Tensor bounds = on_cpu(arg(args, 2)).to(at::kLong).contiguous();
+    const int64_t* o = bounds.const_data_ptr<int64_t>();
+    const int64_t count = ids.numel();
+    const int64_t num_bags = args[7].toBool() ? bounds.numel() - 1 : bounds.numel();
+    offset2bag = at::zeros({count}, at::kLong);
+    int64_t* bag_of = offset2bag.data_ptr<int64_t>();
+    for (int64_t b = 0; b < num_bags; ++b) {
+      const int64_t end = b + 1 < bounds.numel() ? std::min(o[b + 1], count) : count;
+      for (int64_t i = o[b]; i < end; ++i) bag_of[i] = b;
+    }
+    const int64_t pooled = num_bags > 0 ? (num_bags < bounds.numel() ? std::min(o[num_bags], count) : count) : 0;
+    for (int64_t i = pooled; i < count; ++i) bag_of[i] = std::max<int64_t>(num_bags - 1, 0);
+  }
+  torch::jit::drop(*stack, n);
+  torch::jit::push(*stack, device::adopt_result(out.contiguous()), device::adopt_result(offset2bag.contiguous()),
+                   device::adopt_result(bag_size.contiguous()), device::adopt_result(max_indices.contiguous()));
+}
+
 void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // _embedding_bag[_forward_only](Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False,
   //   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
@@ -129,6 +184,10 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, n);
   const at::Tensor& weight = arg(args, 0);
   auto first = first_gatherable_row(weight);
+  if (first && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) && weight.scalar_type() != at::kFloat) {
+    embedding_bag_of_gathered_rows(op, stack, *first);
+    return;
+  }
   if (!first || weight.dim() != 2 || weight.scalar_type() != at::kFloat) {
     cpu_fallback(op, stack);
     return;

@@ -62,9 +62,10 @@ store::TableHandle& trained_table(const at::Tensor& weight) {
 void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, const at::Tensor& grads) {
   store::TableHandle& table = trained_table(weight);
   // An empty update still counts as a step (Adam's bias correction and
-  // Adagrad's lr_decay follow the step count, as in torch).
-  const at::Tensor g = grads.to(at::kFloat).contiguous();
-  table.update(rows.data(), rows.size(), g.const_data_ptr<float>());
+  // Adagrad's lr_decay follow the step count, as in torch). Gradients go in
+  // the table's own type, which the store widens to its compute type.
+  const at::Tensor g = grads.to(device::scalar_type_of(table.dtype())).contiguous();
+  table.update(rows.data(), rows.size(), g.const_data_ptr());
 }
 
 // scale_grad_by_freq: each id's gradient divided by how often it occurs in
@@ -266,7 +267,8 @@ void table_embedding_bag_backward_core(
   std::vector<uint64_t> rows =
       RowIds(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward").to_vector();
   const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
-  if (offsets.defined() && mode != 2 && !scale_grad_by_freq) {
+  // The store pools float32 tables only (store/table.h); other types expand a row per id.
+  if (offsets.defined() && mode != 2 && !scale_grad_by_freq && table_of(weight).dtype() == store::ElementType::Float32) {
     update_from_bag_grads(weight, *first, rows, offsets, grad, weighted ? *per_sample_weights : at::Tensor(), mode,
                           include_last_offset, padding_idx);
     return;

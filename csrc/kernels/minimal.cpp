@@ -46,7 +46,7 @@ void check_factory_options(
 // A tensor of these sizes and strides over a new anonymous table.
 at::Tensor empty_in_table(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype) {
   const uint64_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype));
-  c10::Storage storage = device::make_table_storage(nbytes, device::table_row_bytes(size, dtype));
+  c10::Storage storage = device::make_table_storage(nbytes, device::table_row_bytes(size, dtype), device::element_type_of(dtype));
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), kRecdevKeys, c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);

@@ -27,20 +27,25 @@ std::optional<at::Generator> generator_arg(const c10::IValue& v) {
   return v.isGenerator() ? std::optional<at::Generator>(v.toGenerator()) : std::nullopt;
 }
 
-// The rule equivalent to `op` on the whole of a float32 table (Zero fits
-// every dtype: all bits zero), or nullopt.
+// The rule equivalent to `op` on the whole of a floating table (Zero fits
+// every dtype: all bits zero), or nullopt. The store draws a row's init
+// values in float32 and converts them to the table's type
+// (store/element_type.h), so a constant of another type takes this path
+// only if float32 holds it exactly.
 std::optional<store::InitRule> rule_for(
     const c10::OperatorHandle& op,
     c10::ArrayRef<c10::IValue> args,
     c10::ScalarType dtype) {
   const std::string& name = op.schema().name();
-  const bool is_float = dtype == at::kFloat;
+  const bool is_float = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble;
   store::InitRule rule;
   if (name == "aten::zero_" ||
       (name == "aten::fill_" && args[1].isScalar() && args[1].toScalar().toDouble() == 0.0 &&
        !std::signbit(args[1].toScalar().toDouble()))) {
     rule.kind = store::InitKind::Zero;
-  } else if (name == "aten::fill_" && is_float && args[1].isScalar()) {
+  } else if (name == "aten::fill_" && is_float && args[1].isScalar() &&
+             (dtype == at::kFloat ||
+              static_cast<double>(static_cast<float>(args[1].toScalar().toDouble())) == args[1].toScalar().toDouble())) {
     rule.kind = store::InitKind::Constant;
     rule.a = static_cast<float>(args[1].toScalar().toDouble());
   } else if (name == "aten::normal_" && is_float) {

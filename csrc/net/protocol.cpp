@@ -71,6 +71,7 @@ void encode(Writer& out, const store::TableConfig& config) {
   out.put<uint32_t>(config.dim);
   out.put<uint32_t>(config.state_floats);
   encode(out, config.init);
+  out.put<uint8_t>(uint8_t(config.dtype));
 }
 
 void decode(Reader& in, store::TableConfig& config) {
@@ -78,6 +79,7 @@ void decode(Reader& in, store::TableConfig& config) {
   config.dim = in.get<uint32_t>("dim");
   config.state_floats = in.get<uint32_t>("state_floats");
   decode(in, config.init);
+  config.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
 }
 
 void encode(Writer& out, const store::OptimizerConfig& optimizer) {

@@ -11,6 +11,7 @@
 #include "remote_transfer.h"
 #include "store/coalesce.h"
 #include "store/errors.h"
+#include "store/gradient_check.h"
 #include "store/pooled_gradients.h"
 #include "store/row_copier.h"
 
@@ -51,14 +52,15 @@ uint64_t random_route_key() {
 // ---- RemoteTable ----
 
 RemoteTable::RemoteTable(std::shared_ptr<RemoteSession> session, uint64_t client_id, std::string name,
-                         uint64_t route_key, uint64_t num_rows, uint32_t dim, std::vector<uint64_t> table_ids,
-                         std::vector<uint64_t> epochs)
+                         uint64_t route_key, uint64_t num_rows, uint32_t dim, store::ElementType dtype,
+                         std::vector<uint64_t> table_ids, std::vector<uint64_t> epochs)
     : session_(std::move(session)),
       client_id_(client_id),
       name_(std::move(name)),
       route_key_(route_key),
       num_rows_(num_rows),
       dim_(dim),
+      dtype_(dtype),
       table_ids_(std::move(table_ids)),
       epochs_(std::move(epochs)) {}
 
@@ -256,7 +258,7 @@ uint32_t RemoteTable::gather_state(const uint64_t* ids, size_t n, std::vector<fl
                 }
               });
   if (!width) {
-    width = optimizer_state_floats(optimizer().kind, dim_);
+    width = store::optimizer_state_words(optimizer().kind, dtype_, dim_);
     out.assign(0, 0.0f);
   }
   return *width;
@@ -343,7 +345,7 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
   RemoteSession::Lease lease(*session_);
   const std::vector<uint64_t> ids = shard_table_ids(lease);
   const BeginLoadRequest header{
-      "", 0, store::TableConfig{num_rows_, dim_, rows.record_floats() - dim_, init}, init_stream, optimizer, optimizer_step};
+      "", 0, store::TableConfig{num_rows_, dim_, rows.record_floats() - dim_, init, dtype_}, init_stream, optimizer, optimizer_step};
   TableLoad load(*session_, lease, header, ids, route_key_);
   try {
     rows.for_each([&](uint64_t row_id, const float* record) { load.add(row_id, record); });
@@ -355,27 +357,13 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
   }
 }
 
-void RemoteTable::update(const uint64_t* ids, size_t n, const float* grads) {
+void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
   check_ids(ids, n);
   // The store's checks, here, so that no shard applies a batch another would refuse.
-  for (size_t i = 0; i < n; ++i) {
-    const float* row = grads + i * dim_;
-    for (uint32_t d = 0; d < dim_; ++d) {
-      if (!std::isfinite(row[d])) {
-        throw StoreError(ErrorCode::InvalidArgument,
-                         "update of " + label() + " refused: the gradient of row id " + std::to_string(ids[i]) +
-                             " (ids[" + std::to_string(i) + "]) holds " + (std::isnan(row[d]) ? "nan" : "inf") +
-                             " at column " + std::to_string(d) + "; nothing was applied");
-      }
-    }
-  }
-  std::vector<const float*> grad_rows(n);
-  for (size_t i = 0; i < n; ++i) grad_rows[i] = grads + i * dim_;
-  if (const auto overflow = store::CoalescedGradients(ids, n, grad_rows.data(), dim_, 1).first_overflow()) {
-    throw StoreError(ErrorCode::InvalidArgument, "update of " + label() + " refused: the summed gradient of row id " +
-                                                     std::to_string(overflow->row_id) + " overflows to inf at column " +
-                                                     std::to_string(overflow->column) + "; nothing was applied");
-  }
+  store::check_update_gradients(dtype_, uint32_t(uint64_t{dim_} * 4 / store::element_bytes(dtype_)), ids, n, grads_in,
+                                label());
+  // Gradients travel as the table's words (its element type), as rows do.
+  const auto* grads = static_cast<const float*>(grads_in);
   const Routed routed = route(ids, n);
   const size_t bytes_per_id = sizeof(uint64_t) + size_t{dim_} * sizeof(float);
   RemoteSession::Lease lease(*session_);
@@ -579,7 +567,7 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::create_table(const store:
     epochs[shard] = lease.connection(shard).epoch;
   }
   return std::make_shared<RemoteTable>(session_, client_id, std::string(), request.route_key, config.num_rows,
-                                       config.dim, std::move(table_ids), std::move(epochs));
+                                       config.dim, config.dtype, std::move(table_ids), std::move(epochs));
 }
 
 std::shared_ptr<RemoteTable> RemoteStoreClient::named_from(const std::string& name,
@@ -597,7 +585,7 @@ std::shared_ptr<RemoteTable> RemoteStoreClient::named_from(const std::string& na
     epochs.push_back(lease.connection(shard).epoch);
   }
   return std::make_shared<RemoteTable>(session_, next_id_++, name, route_key_of_name(name), found[0].config.num_rows,
-                                       found[0].config.dim, std::move(table_ids), std::move(epochs));
+                                       found[0].config.dim, found[0].config.dtype, std::move(table_ids), std::move(epochs));
 }
 
 std::shared_ptr<store::TableHandle> RemoteStoreClient::named_table(const std::string& name,

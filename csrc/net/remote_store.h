@@ -30,7 +30,8 @@ class RemoteTable final : public store::TableHandle {
  public:
   // table_ids[s]: the table's id on shard s as of that shard's epoch epochs[s].
   RemoteTable(std::shared_ptr<RemoteSession> session, uint64_t client_id, std::string name, uint64_t route_key,
-              uint64_t num_rows, uint32_t dim, std::vector<uint64_t> table_ids, std::vector<uint64_t> epochs);
+              uint64_t num_rows, uint32_t dim, store::ElementType dtype, std::vector<uint64_t> table_ids,
+              std::vector<uint64_t> epochs);
 
   const std::string& name() const { return name_; }  // empty for an anonymous table
 
@@ -38,6 +39,7 @@ class RemoteTable final : public store::TableHandle {
   store::TableConfig config() const override;
   uint64_t num_rows() const override { return num_rows_; }
   uint32_t dim() const override { return dim_; }
+  store::ElementType dtype() const override { return dtype_; }
   bool in_process() const override { return false; }
   uint64_t init_stream() const override;
 
@@ -60,7 +62,7 @@ class RemoteTable final : public store::TableHandle {
   void set_learning_rate(double lr) override;
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
-  void update(const uint64_t* ids, size_t n, const float* grads) override;
+  void update(const uint64_t* ids, size_t n, const void* grads) override;
   // Expands the bags' gradients to one row per id (store::PooledGradients) and sends them as update
   // does: one optimizer step.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
@@ -111,6 +113,7 @@ class RemoteTable final : public store::TableHandle {
   const uint64_t route_key_;
   const uint64_t num_rows_;
   const uint32_t dim_;
+  const store::ElementType dtype_;
   mutable std::mutex mutex_;  // guards the two below
   mutable std::vector<uint64_t> table_ids_;
   mutable std::vector<uint64_t> epochs_;

@@ -145,7 +145,8 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
       const auto request = decode<SetOptimizerRequest>(frame);
       const Target target = resolve(session, request.table_id);
       const store::TableStats stats = target.table->stats();
-      const uint64_t record_floats = stats.dim + store::optimizer_state_floats(request.optimizer.kind, stats.dim);
+      const uint64_t record_floats =
+          stats.dim + store::optimizer_state_words(request.optimizer.kind, target.table->dtype(), stats.dim);
       reserve(stats.rows * row_cost(record_floats));  // the records are re-laid side by side
       target.table->set_optimizer(request.optimizer);
       return reply_empty(frame);

@@ -71,9 +71,11 @@ std::string label_of(const BeginLoadRequest& header) {
 
 // A load into an existing table must keep its shape: rows already handed out stay valid.
 void check_same_shape(const store::TableConfig& existing, const BeginLoadRequest& header, const char* since) {
-  if (existing.num_rows != header.config.num_rows || existing.dim != header.config.dim) {
+  if (existing.num_rows != header.config.num_rows || existing.dim != header.config.dim ||
+      existing.dtype != header.config.dtype) {
     invalid(label_of(header) + " " + since + " " + store::describe(existing) + "; the load has num_rows " +
-            std::to_string(header.config.num_rows) + " and dim " + std::to_string(header.config.dim));
+            std::to_string(header.config.num_rows) + ", dim " + std::to_string(header.config.dim) + " and dtype " +
+            store::describe(header.config.dtype) + " (rows are never loaded as another dtype)");
   }
 }
 
@@ -89,10 +91,11 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
   store::validate_optimizer(request.optimizer);
   const uint32_t dim = request.config.dim;
   if (request.optimizer.kind != store::OptimizerKind::None &&
-      request.config.state_floats != store::optimizer_state_floats(request.optimizer.kind, dim)) {
+      request.config.state_floats != store::optimizer_state_words(request.optimizer.kind, request.config.dtype, dim)) {
     invalid("state_floats " + std::to_string(request.config.state_floats) + " does not match optimizer " +
             store::describe(request.optimizer) + ", which keeps " +
-            std::to_string(store::optimizer_state_floats(request.optimizer.kind, dim)) + " per row");
+            std::to_string(store::optimizer_state_words(request.optimizer.kind, request.config.dtype, dim)) +
+            " words per row");
   }
   StagedLoad load;
   if (request.table_id != 0) {

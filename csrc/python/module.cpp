@@ -61,6 +61,8 @@ py::dict table_stats(const at::Tensor& t) {
   d["rows"] = stats.rows;
   d["bytes"] = stats.bytes;
   d["row_bytes"] = block->row_bytes;
+  // The rows' type in the store: float32, float16, bfloat16, float64, or bytes (any other dtype).
+  d["dtype"] = store::element_type_name(block->table().dtype());
   d["table_rows"] = stats.num_rows;
   d["reads"] = stats.reads;
   d["writes"] = stats.writes;

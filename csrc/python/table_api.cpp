@@ -45,21 +45,48 @@ std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::TableHandle& 
   return ids;
 }
 
-// Rows given for `n` keys: a float32 [n, dim] tensor, as contiguous CPU.
+// The torch dtype of a table's rows, and their width in elements of it.
+c10::ScalarType dtype_of(const store::TableHandle& table, const char* what) {
+  if (table.dtype() == store::ElementType::Bytes) {
+    throw py::type_error(std::string(what) + ": the table holds a non-floating dtype; read it as a tensor instead");
+  }
+  return scalar_type_of(table.dtype());
+}
+
+int64_t row_width(const store::TableHandle& table) {
+  return static_cast<int64_t>(uint64_t{table.dim()} * 4 / store::element_bytes(table.dtype()));
+}
+
+// Rows given for `n` keys: a [n, dim] tensor of the table's dtype, as contiguous CPU. Never
+// converted: a value of another dtype is refused, so that no bytes are read as another type.
 at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle& table, const char* what) {
-  const int64_t dim = table.dim();
-  if (values.scalar_type() != at::kFloat || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
+  const int64_t dim = row_width(table);
+  const c10::ScalarType dtype = dtype_of(table, what);
+  if (values.scalar_type() != dtype || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
       values.size(1) != dim) {
     throw py::value_error(
-        std::string(what) + ": expected float32 rows of shape [" + std::to_string(n) + ", " + std::to_string(dim) +
-        "] (one per key); got " + values.toString() + " of shape " + c10::str(values.sizes()));
+        std::string(what) + ": expected " + store::element_type_name(table.dtype()) + " rows of shape [" +
+        std::to_string(n) + ", " +
+        std::to_string(dim) + "] (one per key, the table's dtype); got " + values.toString() + " of shape " +
+        c10::str(values.sizes()));
   }
   return values.to(at::kCPU).contiguous();
 }
 
-at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t embedding_dim) {
+at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t embedding_dim, c10::ScalarType dtype) {
   if (num_embeddings <= 0 || embedding_dim <= 0) {
     throw py::value_error("init_embedding_table: num_embeddings and embedding_dim must be positive");
+  }
+  const store::ElementType type = element_type_of(dtype);
+  if (type == store::ElementType::Bytes) {
+    throw py::type_error(std::string("init_embedding_table: dtype must be torch.float32, float16, bfloat16 or "
+                                     "float64; got ") + c10::toString(dtype));
+  }
+  const int64_t element = static_cast<int64_t>(store::element_bytes(type));
+  if (embedding_dim * element % 4 != 0) {
+    throw py::value_error("init_embedding_table: a row of " + std::string(c10::toString(dtype)) +
+                          " must be whole 4-byte words: embedding_dim " + std::to_string(embedding_dim) +
+                          " is odd; use an even embedding_dim");
   }
   // Checked by division: the byte size itself may not fit in 64 bits, and the message must be right.
   if (embedding_dim > UINT32_MAX / 4 || num_embeddings > INT64_MAX / (embedding_dim * 4)) {
@@ -69,16 +96,20 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   }
   store::TableConfig config;
   config.num_rows = static_cast<uint64_t>(num_embeddings);
-  config.dim = static_cast<uint32_t>(embedding_dim);
+  config.dim = static_cast<uint32_t>(embedding_dim * element / 4);
+  config.dtype = type;
   std::shared_ptr<store::StoreClient> client = current_store();
   std::shared_ptr<store::TableHandle> table;
   if (auto existing = client->find(name)) {
     const store::TableConfig found = (*existing)->config();
-    if (found.num_rows != config.num_rows || found.dim != config.dim) {
+    if (found.num_rows != config.num_rows || found.dim != config.dim || found.dtype != config.dtype) {
+      const std::string found_dtype = store::element_type_name(found.dtype);
+      const uint64_t found_dim = uint64_t{found.dim} * 4 / store::element_bytes(found.dtype);
       throw py::value_error(
           "init_embedding_table: table '" + name + "' exists with " + std::to_string(found.num_rows) + " x " +
-          std::to_string(found.dim) + " rows; asked for " + std::to_string(num_embeddings) + " x " +
-          std::to_string(embedding_dim));
+          std::to_string(found_dim) + " rows of " + found_dtype + "; asked for " + std::to_string(num_embeddings) +
+          " x " + std::to_string(embedding_dim) + " of " + store::element_type_name(type) +
+          " (a table's dtype is part of its identity: it is never reinterpreted)");
     }
     table = std::move(*existing);
   } else {
@@ -87,7 +118,7 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   c10::Storage storage =
       wrap_table(std::move(table), std::move(client), config.num_rows * config.dim * 4, config.dim * 4, false);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<float>());
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous({num_embeddings, embedding_dim});
   return tensor;
 }
@@ -113,9 +144,14 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_init");
   const store::InitRule rule = rule_of(kind, a, b, table);
   const store::TableConfig config = table.config();
+  dtype_of(table, "emb_init");
+  // A row's float32 init values converted to the table's type, as the store makes them.
+  const uint32_t elements = store::row_elements(config);
+  std::vector<float> values(elements);
   std::vector<float> rows(ids.size() * config.dim);
   for (size_t i = 0; i < ids.size(); ++i) {
-    store::fill_row(rule, table.init_stream(), ids[i], config.dim, config.num_rows, rows.data() + i * config.dim);
+    store::fill_row(rule, table.init_stream(), ids[i], elements, config.num_rows, values.data());
+    store::store_init_values(config.dtype, values.data(), rows.data() + i * config.dim, elements);
   }
   py::gil_scoped_release no_gil;
   table.write(ids.data(), ids.size(), rows.data());
@@ -124,9 +160,9 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
 at::Tensor read_rows(const at::Tensor& t, const at::Tensor& keys) {
   store::TableHandle& table = table_of(t, "emb_read");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_read");
-  at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), static_cast<int64_t>(table.dim())}, at::kFloat);
+  at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), row_width(table)}, dtype_of(table, "emb_read"));
   py::gil_scoped_release no_gil;
-  table.gather(ids.data(), ids.size(), out.data_ptr<float>());
+  table.gather(ids.data(), ids.size(), static_cast<float*>(out.data_ptr()));
   return out;
 }
 
@@ -135,7 +171,7 @@ void write_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& v
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_write");
   const at::Tensor rows = rows_of(values, ids.size(), table, "emb_write");
   py::gil_scoped_release no_gil;
-  table.write(ids.data(), ids.size(), rows.const_data_ptr<float>());
+  table.write(ids.data(), ids.size(), static_cast<const float*>(rows.const_data_ptr()));
 }
 
 void update_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
@@ -143,7 +179,7 @@ void update_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& 
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_update");
   const at::Tensor rows = rows_of(grads, ids.size(), table, "emb_update");
   py::gil_scoped_release no_gil;
-  table.update(ids.data(), ids.size(), rows.const_data_ptr<float>());
+  table.update(ids.data(), ids.size(), rows.const_data_ptr());
 }
 
 at::Tensor exists(const at::Tensor& t, const at::Tensor& keys) {

@@ -71,6 +71,9 @@ uint32_t header_crc32(const SavedHeader& h) {
   }
   put(h.table.optimizer_step);
   put(h.table.row_count);
+  // Hashed only when not float32, so that the headers of float32 tables saved before tables had a
+  // type still verify.
+  if (config.dtype != store::ElementType::Float32) put(static_cast<uint8_t>(config.dtype));
   return store::crc32_update(0, bytes.data(), bytes.size());
 }
 
@@ -119,6 +122,7 @@ py::tuple table_snapshot(const at::Tensor& t) {
   d["num_rows"] = config.num_rows;
   d["dim"] = config.dim;
   d["state_floats"] = config.state_floats;
+  d["dtype"] = static_cast<uint32_t>(config.dtype);
   d["init"] = py::make_tuple(static_cast<uint32_t>(config.init.kind), config.init.a, config.init.b);
   d["init_seed"] = config.init.seed;
   d["init_stream"] = header.init_stream;
@@ -176,6 +180,10 @@ SavedHeader read_header(const py::dict& header, uint64_t row_count) {
   config.num_rows = field<uint64_t>(header, "num_rows");
   config.dim = field<uint32_t>(header, "dim");
   config.state_floats = field<uint32_t>(header, "state_floats");
+  // Snapshots from before tables had a type hold float32 tables.
+  const uint32_t dtype = header.contains("dtype") ? field<uint32_t>(header, "dtype") : 0;
+  if (dtype > store::kLastElementType) refuse("unknown element type " + std::to_string(dtype));
+  config.dtype = static_cast<store::ElementType>(dtype);
   const auto [init_kind, init] = kind_and_numbers(header, "init", 2);
   config.init.kind = static_cast<store::InitKind>(init_kind);
   config.init.a = init[0];
@@ -281,10 +289,10 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
   }
   store::validate_optimizer(optimizer);
   if (optimizer.kind != store::OptimizerKind::None &&
-      config.state_floats != store::optimizer_state_floats(optimizer.kind, config.dim)) {
-    refuse("its rows carry " + std::to_string(config.state_floats) + " optimizer-state floats, but its optimizer " +
+      config.state_floats != store::optimizer_state_words(optimizer.kind, config.dtype, config.dim)) {
+    refuse("its rows carry " + std::to_string(config.state_floats) + " optimizer-state words, but its optimizer " +
            store::describe(optimizer) + " needs " +
-           std::to_string(store::optimizer_state_floats(optimizer.kind, config.dim)));
+           std::to_string(store::optimizer_state_words(optimizer.kind, config.dtype, config.dim)));
   }
   const int64_t record_floats = config.dim + config.state_floats;
   if (records.size(1) != record_floats) {
@@ -299,7 +307,7 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
     }
   }
   const store::TableScanHeader table_header = saved.table;
-  c10::Storage storage = make_table_storage(saved.nbytes, saved.row_bytes);
+  c10::Storage storage = make_table_storage(saved.nbytes, saved.row_bytes, config.dtype);
   table_block(storage)->defer_rows([table_header, id_values, record_values](store::TableHandle& into) {
     store::RowSet rows(table_header.config.dim + table_header.config.state_floats);
     // In range, so non-negative: the same values as uint64.

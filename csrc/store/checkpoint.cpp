@@ -19,11 +19,14 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "checkpoints store little-endian values by copying the host's bytes");
 
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'T', 'B'};
-constexpr uint32_t kFormatVersion = 2;
+// 3: the u32 after init_kind, reserved (0) in version 2, is the table's element type
+// (element_type.h; 0 is float32, so a version 2 file reads as float32 tables).
+constexpr uint32_t kFormatVersion = 3;
+constexpr uint32_t kOldestFormatVersion = 2;
 constexpr uint32_t kMaxNameLength = 4096;
 // magic, version, table_count, crc
 constexpr uint64_t kFileFixedBytes = sizeof(kMagic) + 4 + 4 + 4;
-// name_length, num_rows, dim, state_floats, init_kind, reserved, init a, b, seed, init_stream,
+// name_length, num_rows, dim, state_floats, init_kind, element type, init a, b, seed, init_stream,
 // optimizer_kind, reserved, 7 optimizer parameters, optimizer_step, row_count
 constexpr uint64_t kSectionFixedBytes = 4 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 7 * 8 + 8 + 8;
 constexpr uint64_t kCrcBytes = 4;
@@ -46,12 +49,15 @@ std::string label(const std::string& name, size_t index) {
 }
 
 // The state width is not part of the shape: it follows the optimizer, which a load restores.
+// The element type is: rows are never loaded as another type.
 bool same_shape(const TableConfig& lhs, const TableConfig& rhs) {
-  return lhs.num_rows == rhs.num_rows && lhs.dim == rhs.dim;
+  return lhs.num_rows == rhs.num_rows && lhs.dim == rhs.dim && lhs.dtype == rhs.dtype;
 }
 
 std::string shape_text(const TableConfig& config) {
-  return "num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.dim);
+  // float32 tables read as they did before tables had a type.
+  const std::string dtype = config.dtype == ElementType::Float32 ? "" : " words of " + describe(config.dtype);
+  return "num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.dim) + dtype;
 }
 
 class ChecksummedWriter {
@@ -124,7 +130,7 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
         out.put(config.dim);
         out.put(config.state_floats);
         out.put(uint32_t(config.init.kind));
-        out.put(uint32_t{0});
+        out.put(uint32_t(config.dtype));
         out.put(config.init.a);
         out.put(config.init.b);
         out.put(config.init.seed);
@@ -187,7 +193,9 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, size_t 
   info.config.dim = in.get<uint32_t>();
   info.config.state_floats = in.get<uint32_t>();
   info.config.init.kind = InitKind(in.get<uint32_t>());
-  if (in.get<uint32_t>() != 0) corrupt(path, "has a non-zero reserved field in " + table);
+  const uint32_t dtype = in.get<uint32_t>();
+  if (dtype > kLastElementType) corrupt(path, "has an unknown element type " + std::to_string(dtype) + " in " + table);
+  info.config.dtype = ElementType(dtype);
   info.config.init.a = in.get<double>();
   info.config.init.b = in.get<double>();
   info.config.init.seed = in.get<uint64_t>();
@@ -214,10 +222,11 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, size_t 
     corrupt(path, "has an invalid optimizer in " + table + ": " + error.what());
   }
   if (info.optimizer.kind != OptimizerKind::None &&
-      info.config.state_floats != optimizer_state_floats(info.optimizer.kind, info.config.dim)) {
+      info.config.state_floats !=
+          optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.dim)) {
     corrupt(path, "has " + std::to_string(info.config.state_floats) + " state floats per row in " + table +
                       ", but its optimizer " + describe(info.optimizer) + " keeps " +
-                      std::to_string(optimizer_state_floats(info.optimizer.kind, info.config.dim)));
+                      std::to_string(optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.dim)));
   }
   check_header(info);
 
@@ -260,9 +269,9 @@ std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCh
   in.get_bytes(magic, sizeof(magic));
   if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) corrupt(path, "is not a recdev store checkpoint (bad magic)");
   const uint32_t version = in.get<uint32_t>();
-  if (version != kFormatVersion) {
-    corrupt(path, "has unsupported format version " + std::to_string(version) + "; this build reads version " +
-                      std::to_string(kFormatVersion) + " only");
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
+    corrupt(path, "has unsupported format version " + std::to_string(version) + "; this build reads versions " +
+                      std::to_string(kOldestFormatVersion) + " and " + std::to_string(kFormatVersion));
   }
   const uint32_t table_count = in.get<uint32_t>();
   if (table_count > (in.remaining() - kCrcBytes) / kSectionFixedBytes) {

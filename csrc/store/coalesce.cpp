@@ -18,14 +18,16 @@ size_t map_capacity_for(size_t count) {
 
 }  // namespace
 
-CoalescedGradients::CoalescedGradients(const uint64_t* ids, size_t n, const float* const* grads, uint32_t dim,
+template <class T>
+CoalescedGradients<T>::CoalescedGradients(const uint64_t* ids, size_t n, const T* const* grads, uint32_t dim,
                                        size_t threads) {
   const ShardRoute route(ids, n);
   run_tasks(kNumShards, threads, [&](size_t shard) { coalesce_shard(route, shard, ids, grads, dim); });
 }
 
-void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
-                                        const float* const* grads, uint32_t dim) {
+template <class T>
+void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
+                                        const T* const* grads, uint32_t dim) {
   const size_t begin = route.begin(shard);
   const size_t end = route.end(shard);
   if (begin == end) return;
@@ -41,7 +43,7 @@ void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, c
   for (size_t entry = begin; entry < end; ++entry) {
     const size_t position = route.position(entry);
     const uint64_t row_id = ids[position];
-    const float* grad = grads[position];
+    const T* grad = grads[position];
     for (size_t bucket = route.hash(entry) & mask;; bucket = (bucket + 1) & mask) {
       const uint32_t row = map[bucket];
       if (row == kNoRow) {
@@ -57,34 +59,39 @@ void CoalescedGradients::coalesce_shard(const ShardRoute& route, size_t shard, c
         sum_of[row] = uint32_t(out.sums.size() / dim);
         out.sums.insert(out.sums.end(), out.rows[row].grad, out.rows[row].grad + dim);
       }
-      float* sum = out.sums.data() + size_t{sum_of[row]} * dim;
+      T* sum = out.sums.data() + size_t{sum_of[row]} * dim;
       for (uint32_t d = 0; d < dim; ++d) sum[d] += grad[d];
       break;
     }
   }
   for (size_t row = 0; row < out.rows.size(); ++row) {
     if (sum_of[row] == kNoRow) continue;
-    const float* sum = out.sums.data() + size_t{sum_of[row]} * dim;
+    const T* sum = out.sums.data() + size_t{sum_of[row]} * dim;
     out.rows[row].grad = sum;
-    const float* bad = std::find_if(sum, sum + dim, [](float value) { return !std::isfinite(value); });
+    const T* bad = std::find_if(sum, sum + dim, [](T value) { return !std::isfinite(value); });
     if (bad != sum + dim && (!out.overflow || out.rows[row].id < out.overflow->row_id)) {
       out.overflow = Overflow{out.rows[row].id, uint32_t(bad - sum)};
     }
   }
 }
 
-size_t CoalescedGradients::size() const {
+template <class T>
+size_t CoalescedGradients<T>::size() const {
   size_t total = 0;
   for (const Shard& shard : shards_) total += shard.rows.size();
   return total;
 }
 
-std::optional<CoalescedGradients::Overflow> CoalescedGradients::first_overflow() const {
+template <class T>
+std::optional<typename CoalescedGradients<T>::Overflow> CoalescedGradients<T>::first_overflow() const {
   std::optional<Overflow> first;
   for (const Shard& shard : shards_) {
     if (shard.overflow && (!first || shard.overflow->row_id < first->row_id)) first = shard.overflow;
   }
   return first;
 }
+
+template class CoalescedGradients<float>;
+template class CoalescedGradients<double>;
 
 }  // namespace recdev::store

@@ -47,7 +47,7 @@ OptimizerConfig LocalTable::optimizer() const { return table_->optimizer(); }
 void LocalTable::set_learning_rate(double lr) { table_->set_learning_rate(lr); }
 uint64_t LocalTable::optimizer_step() const { return table_->optimizer_step(); }
 void LocalTable::set_optimizer_step(uint64_t step) { table_->set_optimizer_step(step); }
-void LocalTable::update(const uint64_t* ids, size_t n, const float* grads) { table_->update(ids, n, grads); }
+void LocalTable::update(const uint64_t* ids, size_t n, const void* grads) { table_->update(ids, n, grads); }
 
 void LocalTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                PoolingMode mode, const float* per_sample_weights, bool include_last_offset,

@@ -42,7 +42,8 @@ class LocalTable final : public TableHandle {
   void set_learning_rate(double lr) override;
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
-  void update(const uint64_t* ids, size_t n, const float* grads) override;
+  ElementType dtype() const override { return table_->dtype(); }
+  void update(const uint64_t* ids, size_t n, const void* grads) override;
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
                      const float* bag_grads) override;

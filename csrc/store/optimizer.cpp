@@ -51,14 +51,14 @@ Uses uses(OptimizerKind kind) {
 bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(double)) == 0; }
 
 // Adagrad's rule (see RowUpdate::apply) on elements [begin, end) of a row.
-void adagrad(float* weight, float* state, const float* grad, uint32_t begin, uint32_t end, float weight_decay,
-             float eps, float neg_clr) {
+template <class T>
+void adagrad(T* weight, T* state, const T* grad, uint32_t begin, uint32_t end, T weight_decay, T eps, T neg_clr) {
   for (uint32_t d = begin; d < end; ++d) {
-    float g = grad[d];
+    T g = grad[d];
     if (weight_decay != 0) g = std::fma(weight_decay, weight[d], g);
-    const float sum = state[d] + g * g;
+    const T sum = state[d] + g * g;
     state[d] = sum;
-    const float std = std::sqrt(sum) + eps;
+    const T std = std::sqrt(sum) + eps;
     weight[d] = std::fma(neg_clr, g / std, weight[d]);
   }
 }
@@ -190,36 +190,61 @@ RowUpdate::RowUpdate(const OptimizerConfig& config, uint64_t step, uint32_t dim)
       lr_(config.lr),
       eps_(config.eps),
       weight_decay_(config.weight_decay),
+      beta1_(config.beta1),
+      beta2_(config.beta2),
       lr_f_(float(config.lr)),
       weight_decay_f_(float(config.weight_decay)),
       eps_f_(float(config.eps)),
       neg_clr_f_(0),
       one_minus_beta1_(float(1.0 - config.beta1)),
       one_minus_beta2_(float(1.0 - config.beta2)),
-      neg_step_size_f_(0) {
+      neg_step_size_f_(0),
+      neg_clr_(0),
+      neg_step_size_(0) {
   const double t = double(step);
   // torch keeps Adagrad's step in a float32 tensor and reads it back as a Python float; that is exact
   // up to 2^24 steps, as here.
   const double clr = config.lr / (1 + (t - 1) * config.lr_decay);
   neg_clr_f_ = float(-clr);
+  neg_clr_ = -clr;
   // SparseAdam: Python floats, beta ** step with an int step.
   const double bias_correction1 = 1 - std::pow(config.beta1, t);
   const double bias_correction2 = 1 - std::pow(config.beta2, t);
   const double step_size = config.lr * std::sqrt(bias_correction2) / bias_correction1;
   neg_step_size_f_ = float(-step_size);
+  neg_step_size_ = -step_size;
 }
 
 void RowUpdate::apply(float* weight, float* state, const float* grad) const {
+  uint32_t done = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+  if (kind_ == OptimizerKind::Adagrad && cpu_has_avx2_fma()) {
+    done = adagrad_avx2(weight, state, grad, dim_, weight_decay_f_, eps_f_, neg_clr_f_);
+  }
+#endif
+  apply_scalar<float>(weight, state, grad, done, lr_f_, weight_decay_f_, eps_f_, neg_clr_f_, one_minus_beta1_,
+                      one_minus_beta2_, neg_step_size_f_);
+}
+
+void RowUpdate::apply(double* weight, double* state, const double* grad) const {
+  apply_scalar<double>(weight, state, grad, 0, lr_, weight_decay_, eps_, neg_clr_, 1.0 - beta1_, 1.0 - beta2_,
+                       neg_step_size_);
+}
+
+// The rules in T; `done` leading elements of an Adagrad row were already updated (by a vector kernel).
+template <class T>
+void RowUpdate::apply_scalar(T* weight, T* state, const T* grad, uint32_t done, T lr, T weight_decay, T eps, T neg_clr,
+                             T one_minus_beta1, T one_minus_beta2, T neg_step_size) const {
   const uint32_t dim = dim_;
   switch (kind_) {
     case OptimizerKind::None: return;
     case OptimizerKind::SGD: {
       // grad = grad.add(param, alpha=weight_decay); param.add_(grad, alpha=-lr). torch computes
       // a.add(b, alpha) as one fused multiply-add, a + alpha * b rounded once.
-      const float neg_lr = -lr_f_;
+      const T neg_lr = -lr;
       for (uint32_t d = 0; d < dim; ++d) {
-        float g = grad[d];
-        if (weight_decay_f_ != 0) g = std::fma(weight_decay_f_, weight[d], g);
+        T g = grad[d];
+        if (weight_decay != 0) g = std::fma(weight_decay, weight[d], g);
         weight[d] = std::fma(neg_lr, g, weight[d]);
       }
       return;
@@ -228,11 +253,7 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
       // state_sum.add_(g.pow(2)); std = state_sum.sqrt_().add_(eps); param.add_(g / std, alpha=-clr)
       // (torch's float sqrt is not always correctly rounded, so the results may differ from torch's
       // in the last bit.)
-      uint32_t done = 0;
-#ifdef RECDEV_STORE_AVX2_KERNELS
-      if (cpu_has_avx2_fma()) done = adagrad_avx2(weight, state, grad, dim, weight_decay_f_, eps_f_, neg_clr_f_);
-#endif
-      adagrad(weight, state, grad, done, dim, weight_decay_f_, eps_f_, neg_clr_f_);
+      adagrad<T>(weight, state, grad, done, dim, weight_decay, eps, neg_clr);
       return;
     }
     case OptimizerKind::RowWiseAdagrad: {
@@ -242,28 +263,28 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
         sum_square += g * g;
       }
       const double accumulator = double(state[0]) + sum_square / dim;
-      state[0] = float(accumulator);
+      state[0] = T(accumulator);
       const double multiplier = lr_ / (std::sqrt(accumulator) + eps_);
       const double correction = 1.0 - multiplier * weight_decay_;
       for (uint32_t d = 0; d < dim; ++d) {
-        weight[d] = float(correction * double(weight[d]) - double(grad[d]) * multiplier);
+        weight[d] = T(correction * double(weight[d]) - double(grad[d]) * multiplier);
       }
       return;
     }
     case OptimizerKind::Adam: {
-      float* exp_avg = state;
-      float* exp_avg_sq = state + dim;
+      T* exp_avg = state;
+      T* exp_avg_sq = state + dim;
       for (uint32_t d = 0; d < dim; ++d) {
-        const float g = grad[d];
-        const float old_avg = exp_avg[d];
-        const float old_avg_sq = exp_avg_sq[d];
+        const T g = grad[d];
+        const T old_avg = exp_avg[d];
+        const T old_avg_sq = exp_avg_sq[d];
         // exp_avg_update = (g - old) * (1 - beta1); exp_avg += update; numer = update + old
-        const float avg = (g - old_avg) * one_minus_beta1_ + old_avg;
-        const float avg_sq = (g * g - old_avg_sq) * one_minus_beta2_ + old_avg_sq;
+        const T avg = (g - old_avg) * one_minus_beta1 + old_avg;
+        const T avg_sq = (g * g - old_avg_sq) * one_minus_beta2 + old_avg_sq;
         exp_avg[d] = avg;
         exp_avg_sq[d] = avg_sq;
-        const float denom = std::sqrt(avg_sq) + eps_f_;
-        weight[d] = weight[d] + neg_step_size_f_ * (avg / denom);
+        const T denom = std::sqrt(avg_sq) + eps;
+        weight[d] = weight[d] + neg_step_size * (avg / denom);
       }
       return;
     }

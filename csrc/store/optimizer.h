@@ -93,6 +93,9 @@ class RowUpdate {
   // weight: dim floats, state: optimizer_state_floats(kind, dim) floats, grad: dim floats (the row's
   // summed gradient).
   void apply(float* weight, float* state, const float* grad) const;
+  // The same rule in float64, for float64 tables: every scalar and every operation in double (torch's
+  // float64 optimizers), the state in double too.
+  void apply(double* weight, double* state, const double* grad) const;
 
  private:
   OptimizerKind kind_;
@@ -100,6 +103,8 @@ class RowUpdate {
   double lr_;
   double eps_;
   double weight_decay_;
+  double beta1_;
+  double beta2_;
   float lr_f_;             // SGD
   float weight_decay_f_;   // SGD, Adagrad
   float eps_f_;            // Adagrad, Adam
@@ -107,6 +112,12 @@ class RowUpdate {
   float one_minus_beta1_;  // Adam
   float one_minus_beta2_;  // Adam
   float neg_step_size_f_;  // Adam: -step_size
+  double neg_clr_;         // Adagrad, float64
+  double neg_step_size_;   // Adam, float64
+
+  template <class T>
+  void apply_scalar(T* weight, T* state, const T* grad, uint32_t done, T lr, T weight_decay, T eps, T neg_clr,
+                    T one_minus_beta1, T one_minus_beta2, T neg_step_size) const;
 };
 
 }  // namespace recdev::store

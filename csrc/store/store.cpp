@@ -32,7 +32,8 @@ uint64_t Store::create_named_table(const std::string& name, const TableConfig& c
   if (const auto found = ids_by_name_.find(name); found != ids_by_name_.end()) {
     const TableConfig existing = tables_.at(found->second).table->config();
     // state_floats is not compared: it follows the table's optimizer, which set_optimizer changes.
-    if (existing.num_rows != config.num_rows || existing.dim != config.dim || existing.init != config.init) {
+    if (existing.num_rows != config.num_rows || existing.dim != config.dim || existing.init != config.init ||
+        existing.dtype != config.dtype) {
       throw StoreError(ErrorCode::InvalidArgument, "table '" + name + "' already exists with " + describe(existing) +
                                                        ", which differs from the requested " + describe(config));
     }

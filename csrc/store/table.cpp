@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "coalesce.h"
 #include "errors.h"
@@ -138,18 +139,50 @@ void split_into_rows(uint64_t byte_offset, uint64_t nbytes, uint64_t row_bytes, 
   if (data_offset < nbytes) part(row, 0, nbytes - data_offset, data_offset);
 }
 
+// Sets `words` words of optimizer state to `value` in the compute type of `dtype`.
+void fill_state_words(ElementType dtype, float* state, uint32_t words, double value) {
+  if (dtype != ElementType::Float64) {
+    std::fill(state, state + words, float(value));
+    return;
+  }
+  for (uint32_t w = 0; w + 2 <= words; w += 2) std::memcpy(state + w, &value, sizeof(double));
+}
+
+// Whether every value is finite (any type): the plain loop, for the types all_finite does not cover.
+template <class T>
+bool all_finite_values(const T* values, size_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    return all_finite(values, count);
+  } else {
+    bool finite = true;
+    for (size_t i = 0; i < count; ++i) finite &= std::isfinite(values[i]);
+    return finite;
+  }
+}
+
 }  // namespace
+
+uint32_t row_elements(const TableConfig& config) {
+  return uint32_t(uint64_t{config.dim} * 4 / element_bytes(config.dtype));
+}
+
+uint32_t optimizer_state_words(OptimizerKind kind, ElementType dtype, uint32_t dim) {
+  const uint64_t elements = uint64_t{dim} * 4 / element_bytes(dtype);
+  const uint64_t state = optimizer_state_floats(kind, uint32_t(elements));
+  return uint32_t(state * compute_bytes(dtype) / 4);
+}
 
 bool operator==(const TableConfig& lhs, const TableConfig& rhs) {
   return lhs.num_rows == rhs.num_rows && lhs.dim == rhs.dim && lhs.state_floats == rhs.state_floats &&
-         lhs.init == rhs.init;
+         lhs.init == rhs.init && lhs.dtype == rhs.dtype;
 }
 
 bool operator!=(const TableConfig& lhs, const TableConfig& rhs) { return !(lhs == rhs); }
 
 std::string describe(const TableConfig& config) {
   return "TableConfig(num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.dim) +
-         ", state_floats=" + std::to_string(config.state_floats) + ", init=" + describe(config.init) + ")";
+         ", state_floats=" + std::to_string(config.state_floats) + ", init=" + describe(config.init) +
+         ", dtype=" + describe(config.dtype) + ")";
 }
 
 void validate_table_config(const TableConfig& config) {
@@ -157,6 +190,14 @@ void validate_table_config(const TableConfig& config) {
     throw StoreError(ErrorCode::InvalidArgument, "invalid " + describe(config) + ": " + problem);
   };
   if (config.dim == 0) invalid("dim must be at least 1");
+  validate_element_type(uint8_t(config.dtype));
+  if (config.dtype == ElementType::Float64 && config.dim % 2 != 0) {
+    invalid("a float64 row is whole 8-byte elements: dim (in 4-byte words) must be even");
+  }
+  if (config.dtype == ElementType::Bytes && config.init.kind != InitKind::Zero) {
+    invalid("a table of bytes (a non-floating dtype) can only start at zero: the store does not compute "
+            "values of its type");
+  }
   if (uint64_t{config.dim} + config.state_floats > kMaxRecordFloats) {
     invalid("dim + state_floats must be at most " + std::to_string(kMaxRecordFloats));
   }
@@ -201,9 +242,11 @@ Table::Table(uint64_t id, uint64_t init_stream, const TableConfig& config)
     : id_(id),
       num_rows_(config.num_rows),
       dim_(config.dim),
+      dtype_(config.dtype),
+      elements_(row_elements(config)),
       state_floats_(config.state_floats),
       record_floats_(config.dim + config.state_floats),
-      initial_state_(0.0f),
+      initial_state_(0.0),
       init_(config.init),
       init_stream_(init_stream) {
   validate_table_config(config);
@@ -212,7 +255,7 @@ Table::Table(uint64_t id, uint64_t init_stream, const TableConfig& config)
 
 TableConfig Table::config() const {
   std::lock_guard<std::mutex> lock(init_mutex_);
-  return TableConfig{num_rows_, dim_, state_floats_, init_};
+  return TableConfig{num_rows_, dim_, state_floats_, init_, dtype_};
 }
 
 uint64_t Table::init_stream() const {
@@ -249,11 +292,37 @@ void Table::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
 float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {
   const auto [record, created] = shard.rows.find_or_insert(row_id, hash);
   if (created) {
-    fill_row(init_, init_stream_, row_id, dim_, num_rows_, record);
-    std::fill(record + dim_, record + record_floats_, initial_state_);
+    fill_weight(row_id, record);
+    fill_state(record + dim_);
     note_materialized(row_id, record);
   }
   return record;
+}
+
+void Table::fill_weight(uint64_t row_id, float* words) const {
+  if (dtype_ == ElementType::Float32) {
+    fill_row(init_, init_stream_, row_id, dim_, num_rows_, words);
+    return;
+  }
+  // Other types take the float32 init values of a row of their element count, converted: rounded
+  // once for half types, widened exactly for float64.
+  thread_local std::vector<float> values;
+  values.resize(elements_);
+  fill_row(init_, init_stream_, row_id, elements_, num_rows_, values.data());
+  store_init_values(dtype_, values.data(), words, elements_);
+}
+
+void Table::fill_state(float* state) const {
+  fill_state_words(dtype_, state, record_floats_ - dim_, initial_state_);
+}
+
+void Table::require_numeric(const char* what) const {
+  if (is_numeric(dtype_)) return;
+  throw StoreError(ErrorCode::InvalidArgument,
+                   std::string(what) + " of table " + std::to_string(id_) +
+                       " refused: its rows are of a non-floating dtype, which the store holds as bytes and "
+                       "cannot compute on; only float32, float16, bfloat16 and float64 tables can be trained "
+                       "or pooled");
 }
 
 void Table::note_materialized(uint64_t row_id, const float* record) const {
@@ -350,7 +419,7 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
         copier.copy(out + position * row_bytes, found.records[k]);
       } else if (policy == MissPolicy::ComputeInit) {
         init_value.resize(dim_);
-        fill_row(init_, init_stream_, ids[position], dim_, num_rows_, init_value.data());
+        fill_weight(ids[position], init_value.data());
         std::memcpy(out + position * row_bytes, init_value.data(), row_bytes);
       } else {
         missing.push_back(ids[position]);
@@ -407,7 +476,7 @@ void Table::write_rows(const uint64_t* ids, size_t n, const std::byte* rows) {
           const auto [record, created] = shard.rows.find_or_insert(ids[position], route.hash(begin + k));
           std::memcpy(record, rows + position * row_bytes, row_bytes);
           if (created) {
-            std::fill(record + dim_, record + record_floats_, initial_state_);
+            fill_state(record + dim_);
             note_materialized(ids[position], record);
           }
         });
@@ -438,6 +507,11 @@ void Table::peek(const uint64_t* ids, size_t n, float* out) const {
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan) {
+  if (dtype_ != ElementType::Float32) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "gather_pooled of table " + std::to_string(id_) + " refused: the store pools float32 tables; a " +
+                         describe(dtype_) + " table's rows are gathered and pooled by the caller");
+  }
   const EmbeddingBag bag{ids,  num_ids,           offsets,     num_bags, include_last_offset,
                          mode, per_sample_weights, padding_idx, ignore_nan};
   validate_embedding_bag(bag, num_rows_);
@@ -601,7 +675,7 @@ Table::ViewLocks Table::lock_for_view() const {
 TableScanHeader Table::scan_header() const {
   uint64_t row_count = 0;
   for (const Shard& shard : shards_) row_count += shard.rows.size();
-  return TableScanHeader{TableConfig{num_rows_, dim_, state_floats_, init_}, init_stream_, optimizer_, step_.load(),
+  return TableScanHeader{TableConfig{num_rows_, dim_, state_floats_, init_, dtype_}, init_stream_, optimizer_, step_.load(),
                          row_count};
 }
 
@@ -633,6 +707,11 @@ TableSnapshot Table::snapshot() const {
 
 void Table::set_init(const InitRule& rule) {
   validate_init_rule(rule);
+  if (!is_numeric(dtype_) && rule.kind != InitKind::Zero) {
+    throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
+                                                     " holds a non-floating dtype as bytes: its init rule can only be "
+                                                     "Zero, not " + describe(rule));
+  }
   // Declared before the locks, so that the old rows are freed after the locks are released.
   std::vector<RowIndex> dropped;
   dropped.reserve(kNumShards);
@@ -663,11 +742,12 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
                                                      std::to_string(dim_));
   }
   const uint32_t state_floats = rows.record_floats() - dim_;
-  if (optimizer.kind != OptimizerKind::None && state_floats != optimizer_state_floats(optimizer.kind, dim_)) {
+  if (optimizer.kind != OptimizerKind::None) require_numeric("installing an optimizer");
+  if (optimizer.kind != OptimizerKind::None && state_floats != optimizer_state_words(optimizer.kind, dtype_, dim_)) {
     throw StoreError(ErrorCode::InvalidArgument,
-                     "cannot install rows with " + std::to_string(state_floats) + " state floats into table " +
+                     "cannot install rows with " + std::to_string(state_floats) + " state words into table " +
                          std::to_string(id_) + " with optimizer " + describe(optimizer) + ", which needs " +
-                         std::to_string(optimizer_state_floats(optimizer.kind, dim_)));
+                         std::to_string(optimizer_state_words(optimizer.kind, dtype_, dim_)));
   }
   std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
@@ -677,7 +757,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   state_floats_ = state_floats;
   record_floats_ = rows.record_floats();
   rows.record_floats_ = dim_ + state_floats_;  // what the old rows now held by `rows` are
-  initial_state_ = optimizer_initial_state(optimizer);
+  initial_state_ = optimizer.kind == OptimizerKind::Adagrad ? optimizer.initial_accumulator_value : 0.0;
   init_ = init;
   init_stream_ = init_stream;
   optimizer_ = optimizer;
@@ -688,9 +768,11 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
 
 void Table::set_optimizer(const OptimizerConfig& config) {
   validate_optimizer(config);
-  const uint32_t new_state_floats = optimizer_state_floats(config.kind, dim_);
+  if (config.kind != OptimizerKind::None) require_numeric(("attaching optimizer " + describe(config)).c_str());
+  const uint32_t new_state_floats = optimizer_state_words(config.kind, dtype_, dim_);
   check_record_floats(new_state_floats);
-  const float new_initial_state = optimizer_initial_state(config);
+  // float64 tables keep the value exactly; the others hold it in float32.
+  const double new_initial_state = config.kind == OptimizerKind::Adagrad ? config.initial_accumulator_value : 0.0;
   const uint32_t new_record_floats = dim_ + new_state_floats;
 
   std::vector<RowIndex> old_rows;  // freed after the locks are released
@@ -711,7 +793,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
         // With the same kind (None with raw state only: an optimizer fixes its width) the state
         // that fits is kept; otherwise it restarts.
         const uint32_t keep = kind_changed ? dim_ : copy_floats;
-        std::fill(destination + keep, destination + new_record_floats, new_initial_state);
+        fill_state_words(dtype_, destination + keep, new_record_floats - keep, new_initial_state);
       });
     }
     old_rows.reserve(kNumShards);
@@ -725,7 +807,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
       shard.rows.for_each([&](uint64_t, const float* record) {
         // for_each hands out const records of rows this thread holds exclusively.
         float* state = const_cast<float*>(record) + dim_;
-        std::fill(state, state + new_state_floats, new_initial_state);
+        fill_state_words(dtype_, state, new_state_floats, new_initial_state);
       });
     }
   }
@@ -769,25 +851,53 @@ void Table::set_optimizer_step(uint64_t step) {
   step_.store(step);
 }
 
-void Table::update(const uint64_t* ids, size_t n, const float* grads) {
+void Table::update(const uint64_t* ids, size_t n, const void* grads) {
   check_ids(ids, n);
-  std::vector<const float*> rows(n);
-  for (size_t i = 0; i < n; ++i) rows[i] = grads + i * size_t{dim_};
-  apply_gradients(ids, n, rows.data(), grads, n * size_t{dim_});
+  require_numeric("update");
+  const size_t elements = elements_;
+  const size_t count = n * elements;
+  const auto run = [&](const auto* values) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(values)>>;
+    std::vector<const T*> rows(n);
+    for (size_t i = 0; i < n; ++i) rows[i] = values + i * elements;
+    apply_gradients<T>(ids, n, rows.data(), values, count);
+  };
+  switch (dtype_) {
+    case ElementType::Float32: run(static_cast<const float*>(grads)); return;
+    case ElementType::Float64: {
+      // Copied: a request's payload need not be 8-byte aligned.
+      std::vector<double> wide(count);
+      if (count > 0) std::memcpy(wide.data(), grads, count * sizeof(double));
+      run(static_cast<const double*>(wide.data()));
+      return;
+    }
+    default: {
+      std::vector<float> wide(count);
+      widen_to_float(dtype_, grads, wide.data(), count);
+      run(static_cast<const float*>(wide.data()));
+      return;
+    }
+  }
 }
 
 void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, const float* bag_grads) {
+  if (dtype_ != ElementType::Float32) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "update_pooled of table " + std::to_string(id_) + " refused: the store pools float32 tables; a " +
+                         describe(dtype_) + " table takes per-id gradients (update)");
+  }
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
   const PooledGradients gradients(bag, bag_grads, dim_);
-  apply_gradients(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(), gradients.value_count());
+  apply_gradients<float>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
+                         gradients.value_count());
 }
 
-void Table::apply_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
-                            size_t value_count) {
+template <class T>
+void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count) {
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   if (optimizer_.kind == OptimizerKind::None) {
     throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
@@ -796,7 +906,7 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const float* const* g
   }
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
   check_gradients(ids, n, grads, values, value_count, threads);
-  const CoalescedGradients coalesced(ids, n, grads, dim_, threads);
+  const CoalescedGradients<T> coalesced(ids, n, grads, elements_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "update of table " + std::to_string(id_) + " refused: the summed gradient of row id " +
@@ -805,27 +915,28 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const float* const* g
   }
 
   const uint64_t step = step_.fetch_add(1) + 1;
-  const RowUpdate rule(optimizer_, step, dim_);
-  run_tasks(kNumShards, threads, [&](size_t s) { apply_update(shards_[s], coalesced.rows(s), rule); });
+  const RowUpdate rule(optimizer_, step, elements_);
+  run_tasks(kNumShards, threads, [&](size_t s) { apply_update<T>(shards_[s], coalesced.rows(s), rule); });
   updates_.fetch_add(coalesced.size(), std::memory_order_relaxed);
 }
 
-void Table::check_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
-                            size_t value_count, size_t threads) const {
-  const size_t dim = dim_;
+template <class T>
+void Table::check_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+                            size_t threads) const {
+  const size_t dim = elements_;
   const size_t chunk_floats = kFiniteCheckRows * dim;
   const size_t num_chunks = (value_count + chunk_floats - 1) / chunk_floats;
   std::atomic<bool> all_ok{true};
   run_tasks(num_chunks, threads, [&](size_t chunk) {
     const size_t first = chunk * chunk_floats;
-    if (!all_finite(values + first, std::min(chunk_floats, value_count - first))) {
+    if (!all_finite_values(values + first, std::min(chunk_floats, value_count - first))) {
       all_ok.store(false, std::memory_order_relaxed);
     }
   });
   if (all_ok.load()) return;
   // Name the first bad value in batch order (a bad value no id's row holds is harmless).
   for (size_t i = 0; i < n; ++i) {
-    const float* row = grads[i];
+    const T* row = grads[i];
     for (size_t d = 0; d < dim; ++d) {
       if (!std::isfinite(row[d])) {
         throw StoreError(ErrorCode::InvalidArgument,
@@ -838,17 +949,37 @@ void Table::check_gradients(const uint64_t* ids, size_t n, const float* const* g
   }
 }
 
-void Table::apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule) {
+template <class T>
+void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradients<T>::Row>& rows,
+                         const RowUpdate& rule) {
   if (rows.empty()) return;
   std::unique_lock<std::shared_mutex> lock(shard.mutex);
   const size_t record_bytes = size_t{record_floats_} * sizeof(float);
-  const size_t grad_bytes = size_t{dim_} * sizeof(float);
+  const size_t grad_bytes = size_t{elements_} * sizeof(T);
+  const size_t state_words = record_floats_ - dim_;
+  // Half rows are widened to float32, updated with their float32 state in place and rounded once;
+  // float64 records are copied out and back (a record's words need not be 8-byte aligned for a
+  // double's access rules).
+  std::vector<T> weight(dtype_ == ElementType::Float32 ? 0 : elements_);
+  std::vector<double> state(dtype_ == ElementType::Float64 ? state_words / 2 : 0);
   for_each_prefetched(
       shard.rows, rows.size(), record_bytes, [&](size_t k) { return rows[k].hash; },
       [&](size_t k) { prefetch_range(rows[k].grad, grad_bytes); },
       [&](size_t k, float* found) {
         float* record = found != nullptr ? found : materialize(shard, rows[k].id, rows[k].hash);
-        rule.apply(record, record + dim_, rows[k].grad);
+        if constexpr (std::is_same_v<T, double>) {
+          std::memcpy(weight.data(), record, elements_ * sizeof(double));
+          std::memcpy(state.data(), record + dim_, state_words * sizeof(float));
+          rule.apply(weight.data(), state.data(), rows[k].grad);
+          std::memcpy(record, weight.data(), elements_ * sizeof(double));
+          std::memcpy(record + dim_, state.data(), state_words * sizeof(float));
+        } else if (dtype_ == ElementType::Float32) {
+          rule.apply(record, record + dim_, rows[k].grad);
+        } else {
+          widen_to_float(dtype_, record, weight.data(), elements_);
+          rule.apply(weight.data(), record + dim_, rows[k].grad);
+          narrow_from_float(dtype_, weight.data(), record, elements_);
+        }
       });
 }
 
@@ -870,7 +1001,7 @@ uint32_t Table::gather_state(const uint64_t* ids, size_t n, std::vector<float>& 
       if (const float* record = shard.rows.find(route.hash(entry))) {
         std::memcpy(destination, record + dim_, size_t{width} * sizeof(float));
       } else {
-        std::fill(destination, destination + width, initial_state_);
+        fill_state_words(dtype_, destination, width, initial_state_);
       }
     }
   }

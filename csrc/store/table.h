@@ -1,8 +1,10 @@
-// Table: one embedding table of the store — num_rows rows of dim float32 weights, of which only the
-// rows that were touched are held in memory. A row that was never written (or was erased) reads as
+// Table: one embedding table of the store — num_rows rows of dim 4-byte words of weights, in the
+// table's element type (element_type.h: float32, float16, bfloat16, float64, or bytes), of which only
+// the rows that were touched are held in memory. A row that was never written (or was erased) reads as
 // its init value (init_rule.h); reading it through gather materializes it.
 //
-// Layout of a materialized row's record: [dim weight floats | state_floats optimizer-state floats].
+// Layout of a materialized row's record: [dim words of weights in the element type | state_floats
+// words of optimizer state, in the compute type: float32, or float64 for float64 tables].
 // New records start with their init value and the optimizer's initial state (optimizer.h; 0 without
 // an optimizer).
 //
@@ -54,6 +56,7 @@
 
 #include "coalesce.h"
 #include "direct_index.h"
+#include "element_type.h"
 #include "embedding_bag.h"
 #include "init_rule.h"
 #include "optimizer.h"
@@ -64,12 +67,20 @@ namespace recdev::store {
 
 struct TableConfig {
   uint64_t num_rows = 0;
+  // Weight words (4 bytes) per row: dim * 4 / element_bytes(dtype) elements.
   uint32_t dim = 0;
   // Optimizer state per row, kept after the weight in the same record. Follows the optimizer:
   // set_optimizer (and a checkpoint load) change it.
   uint32_t state_floats = 0;
   InitRule init;
+  ElementType dtype = ElementType::Float32;
 };
+
+// The elements of a row: dim * 4 / element_bytes(dtype).
+uint32_t row_elements(const TableConfig& config);
+// The optimizer-state words per row of a table of this type and width: the kind's state elements
+// (optimizer_state_floats of the row's elements) in the compute type.
+uint32_t optimizer_state_words(OptimizerKind kind, ElementType dtype, uint32_t dim);
 
 bool operator==(const TableConfig& lhs, const TableConfig& rhs);
 bool operator!=(const TableConfig& lhs, const TableConfig& rhs);
@@ -81,8 +92,9 @@ std::string describe(const TableConfig& config);
 void check_dense_byte_range(uint64_t num_rows, uint32_t dim, uint64_t byte_offset, uint64_t nbytes,
                             const std::string& table);
 
-// Throws StoreError(InvalidArgument) unless dim >= 1, a record is at most 1 GiB and the init rule is
-// valid. Any num_rows is fine: row ids may be sparse 64-bit keys.
+// Throws StoreError(InvalidArgument) unless dim >= 1, a record is at most 1 GiB, the init rule is
+// valid, the element type is known, a float64 row is whole elements (even dim) and a bytes table's
+// init rule is Zero. Any num_rows is fine: row ids may be sparse 64-bit keys.
 void validate_table_config(const TableConfig& config);
 
 struct TableStats {
@@ -153,6 +165,7 @@ class Table {
   uint64_t id() const { return id_; }
   uint64_t num_rows() const { return num_rows_; }
   uint32_t dim() const { return dim_; }
+  ElementType dtype() const { return dtype_; }
   TableConfig config() const;
   uint64_t init_stream() const;
 
@@ -213,7 +226,9 @@ class Table {
   uint64_t optimizer_step() const;
   void set_optimizer_step(uint64_t step);
 
-  // Applies one optimizer step: grads is n * dim floats, row i of it the gradient of row ids[i].
+  // Applies one optimizer step: grads is n * dim words of the table's element type, row i of it the
+  // gradient of row ids[i] (float16 and bfloat16 gradients are widened to float32 exactly, then
+  // summed and applied in float32; float64 ones in float64).
   // Duplicate ids are summed first, then every distinct row moves once (rows not materialized are
   // materialized first: the update applies to the init value). A large batch runs on several threads
   // (task_runner.h), the caller's included. Validated before anything changes:
@@ -222,12 +237,13 @@ class Table {
   // then no row, no state and not the step changes. Updates run concurrently with each other and
   // with every other batch operation; set_optimizer, set_learning_rate, set_optimizer_step and scan
   // wait for the updates in progress.
-  void update(const uint64_t* ids, size_t n, const float* grads);
+  void update(const uint64_t* ids, size_t n, const void* grads);
 
   // update() with the gradient of an embedding_bag's output (pooled_gradients.h): bag_grads is
   // num_bags * dim floats, and each id of the bags (the layout and arguments of gather_pooled) gets
   // its bag's gradient as the mode scaled it — Sum (times its per-sample weight, if any) or Mean;
-  // Max is refused with StoreError(InvalidArgument). Ids equal to padding_idx get none. The same
+  // Max is refused with StoreError(InvalidArgument). float32 tables only (as gather_pooled): the
+  // device pools other types itself and sends per-id gradients. Ids equal to padding_idx get none. The same
   // step, bit for bit, as update() with those per-id rows, without writing them out; validated the
   // same way (the bags as gather_pooled validates them, too), and a non-finite gradient names the
   // first id, counted among the ids that get one, whose gradient holds it.
@@ -235,8 +251,8 @@ class Table {
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
                      const float* bag_grads);
 
-  // The optimizer state of each row: out is resized to n * state_floats (the returned width), row i
-  // the state of ids[i]. A row that is not materialized gives the initial state and stays so.
+  // The optimizer state of each row: out is resized to n * state_floats words (the returned width),
+  // row i the state of ids[i], in the compute type (float64 tables: each value is two words). A row that is not materialized gives the initial state and stays so.
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const;
 
   // ---- Checkpoints ----
@@ -315,11 +331,19 @@ class Table {
   // apply_update applies one sub-shard's coalesced gradients under its lock.
   // apply_gradients: update's core, for n ids with their gradient rows; every row's floats are among
   // the value_count floats at values, which the finite check reads.
-  void apply_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
-                       size_t value_count);
-  void check_gradients(const uint64_t* ids, size_t n, const float* const* grads, const float* values,
-                       size_t value_count, size_t threads) const;
-  void apply_update(Shard& shard, const std::vector<CoalescedGradients::Row>& rows, const RowUpdate& rule);
+  template <class T>
+  void apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count);
+  template <class T>
+  void check_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+                       size_t threads) const;
+  template <class T>
+  void apply_update(Shard& shard, const std::vector<typename CoalescedGradients<T>::Row>& rows, const RowUpdate& rule);
+  // A row's weight words: its init value (rule, stream) in the element type.
+  void fill_weight(uint64_t row_id, float* words) const;
+  // A new record's state words: the optimizer's initial state in the compute type.
+  void fill_state(float* state) const;
+  // Throws unless the table has a type the store computes on; `what` names the operation.
+  void require_numeric(const char* what) const;
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards() const;
   // What scan and snapshot hold while they read: request_mutex_ exclusively, so that no request is
   // halfway through its rows and the step matches the rows, and every sub-shard's read lock.
@@ -334,10 +358,12 @@ class Table {
   const uint64_t id_;
   const uint64_t num_rows_;
   const uint32_t dim_;
+  const ElementType dtype_;
+  const uint32_t elements_;  // of a row
   // Written only while holding every sub-shard's write lock and init_mutex_; read under either.
   uint32_t state_floats_;
   uint32_t record_floats_;
-  float initial_state_;  // what new records' state floats start at
+  double initial_state_;  // what new records' state values start at
   InitRule init_;
   uint64_t init_stream_;
   mutable std::mutex init_mutex_;

@@ -30,6 +30,8 @@ class TableHandle {
   // config().num_rows and config().dim, which never change: known without asking any server.
   virtual uint64_t num_rows() const = 0;
   virtual uint32_t dim() const = 0;
+  // config().dtype, which never changes either.
+  virtual ElementType dtype() const = 0;
   // Whether the rows live in this process. Kernels split a batch on such a table over PyTorch's
   // threads; a remote table already sends a batch to all its shards at once, and splitting it would
   // only multiply the requests.
@@ -57,7 +59,7 @@ class TableHandle {
   virtual void set_learning_rate(double lr) = 0;
   virtual uint64_t optimizer_step() const = 0;
   virtual void set_optimizer_step(uint64_t step) = 0;
-  virtual void update(const uint64_t* ids, size_t n, const float* grads) = 0;
+  virtual void update(const uint64_t* ids, size_t n, const void* grads) = 0;
   virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                              PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                              int64_t padding_idx, const float* bag_grads) = 0;

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 3
+VERSION = 4
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -89,8 +89,11 @@ def init_rule(kind="zero", a=0.0, b=0.0, seed=0):
     return u32(INIT[kind]) + f64(a) + f64(b) + u64(seed)
 
 
-def config(num_rows, dim, state_floats=0, init=None):
-    return u64(num_rows) + u32(dim) + u32(state_floats) + (init or init_rule())
+DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "bytes": 4}
+
+
+def config(num_rows, dim, state_floats=0, init=None, dtype="float32"):
+    return u64(num_rows) + u32(dim) + u32(state_floats) + (init or init_rule()) + u8(DTYPE[dtype])
 
 
 def optimizer(kind="none", **params):
@@ -137,7 +140,7 @@ class Reader:
         return dict(kind=self.u32(), a=self.f64(), b=self.f64(), seed=self.u64())
 
     def config(self):
-        return dict(num_rows=self.u64(), dim=self.u32(), state_floats=self.u32(), init=self.init_rule())
+        return dict(num_rows=self.u64(), dim=self.u32(), state_floats=self.u32(), init=self.init_rule(), dtype=self.u8())
 
     def optimizer(self):
         kind = self.u32()

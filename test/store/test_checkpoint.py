@@ -68,7 +68,7 @@ def test_file_layout_and_checksum(store_mod, tmp_path):
     store_mod.save_table(path, table, "t")
     data = path.read_bytes()
     assert data[:8] == b"RECDEVTB"
-    assert struct.unpack_from("<II", data, 8) == (2, 1)  # version, table count
+    assert struct.unpack_from("<II", data, 8) == (3, 1)  # version, table count
     assert struct.unpack_from("<I", data, 16) == (1,) and data[20:21] == b"t"  # name
     assert len(data) == 16 + (4 + 1 + 136) + (8 + 3 * 4) + 4
     # After the init stream: the optimizer (None, its defaults) and its step, then the row count.
@@ -124,12 +124,12 @@ def test_bad_magic_and_version_are_named(store_mod, tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"NOTACKPT" + good[8:])
     refused_load(store_mod, bad, destination, "bad magic")
-    bad.write_bytes(good[:8] + struct.pack("<I", 3) + good[12:])
-    refused_load(store_mod, bad, destination, "unsupported format version 3; this build reads version 2 only")
+    bad.write_bytes(good[:8] + struct.pack("<I", 4) + good[12:])
+    refused_load(store_mod, bad, destination, "unsupported format version 4; this build reads versions 2 and 3")
     # Version 1 (before optimizers) is refused as such, even with a valid checksum.
     old = good[:8] + struct.pack("<I", 1) + good[12:-4]
     bad.write_bytes(old + struct.pack("<I", zlib.crc32(old)))
-    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads version 2 only")
+    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads versions 2 and 3")
 
 
 @pytest.mark.parametrize("shape", [dict(num_rows=1001), dict(dim=7)], ids=str)

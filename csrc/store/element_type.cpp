@@ -1,0 +1,109 @@
+#include "element_type.h"
+
+#include "errors.h"
+
+namespace recdev::store {
+
+const char* element_type_name(ElementType type) {
+  switch (type) {
+    case ElementType::Float32: return "float32";
+    case ElementType::Float16: return "float16";
+    case ElementType::BFloat16: return "bfloat16";
+    case ElementType::Float64: return "float64";
+    case ElementType::Bytes: return "bytes";
+  }
+  return "unknown";
+}
+
+std::string describe(ElementType type) {
+  if (uint8_t(type) > kLastElementType) return "ElementType(" + std::to_string(unsigned(type)) + ")";
+  return element_type_name(type);
+}
+
+size_t element_bytes(ElementType type) {
+  switch (type) {
+    case ElementType::Float16:
+    case ElementType::BFloat16: return 2;
+    case ElementType::Float64: return 8;
+    case ElementType::Float32:
+    case ElementType::Bytes: return 4;
+  }
+  return 4;
+}
+
+void validate_element_type(uint8_t value) {
+  if (value > kLastElementType) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "unknown element type " + std::to_string(unsigned(value)) +
+                         "; the types are float32 (0), float16 (1), bfloat16 (2), float64 (3), bytes (4)");
+  }
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint16_t sign = uint16_t((bits >> 16) & 0x8000);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return uint16_t(sign | 0x7E00 | ((magnitude >> 13) & 0x3FF));  // nan
+  if (magnitude >= 0x477FF000u) return uint16_t(sign | 0x7C00);  // rounds past the largest half: inf
+  if (magnitude < 0x38800000u) {
+    // Below the smallest normal half: a subnormal (or zero), rounded to nearest even. The float's
+    // value times 2^24 is the half's mantissa; adding 0.5 (as float, exact here) rounds it.
+    float scaled;
+    const uint32_t m = magnitude;
+    std::memcpy(&scaled, &m, sizeof(scaled));
+    scaled *= 16777216.0f;  // 2^24, exact
+    const uint32_t whole = uint32_t(scaled);
+    const float rest = scaled - float(whole);
+    uint32_t rounded = whole;
+    if (rest > 0.5f || (rest == 0.5f && (whole & 1))) ++rounded;
+    return uint16_t(sign | rounded);
+  }
+  // Normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even.
+  const uint32_t rebased = magnitude - 0x38000000u;
+  const uint32_t rounded = rebased + 0x0FFFu + ((rebased >> 13) & 1);
+  return uint16_t(sign | (rounded >> 13));
+}
+
+void widen_to_float(ElementType type, const void* src, float* out, size_t count) {
+  const auto* halves = static_cast<const uint16_t*>(src);
+  switch (type) {
+    case ElementType::Float16:
+      for (size_t i = 0; i < count; ++i) out[i] = half_to_float(halves[i]);
+      return;
+    case ElementType::BFloat16:
+      for (size_t i = 0; i < count; ++i) out[i] = bfloat16_to_float(halves[i]);
+      return;
+    default: std::memcpy(out, src, count * sizeof(float));
+  }
+}
+
+void narrow_from_float(ElementType type, const float* src, void* out, size_t count) {
+  auto* halves = static_cast<uint16_t*>(out);
+  switch (type) {
+    case ElementType::Float16:
+      for (size_t i = 0; i < count; ++i) halves[i] = float_to_half(src[i]);
+      return;
+    case ElementType::BFloat16:
+      for (size_t i = 0; i < count; ++i) halves[i] = float_to_bfloat16(src[i]);
+      return;
+    default: std::memcpy(out, src, count * sizeof(float));
+  }
+}
+
+void store_init_values(ElementType type, const float* src, void* out, size_t count) {
+  switch (type) {
+    case ElementType::Float64: {
+      auto* doubles = static_cast<double*>(out);
+      for (size_t i = 0; i < count; ++i) {
+        const double value = src[i];
+        std::memcpy(doubles + i, &value, sizeof(value));
+      }
+      return;
+    }
+    case ElementType::Bytes: std::memset(out, 0, count * 4); return;
+    default: narrow_from_float(type, src, out, count);
+  }
+}
+
+}  // namespace recdev::store

@@ -1,0 +1,274 @@
+"""Tables in float16, bfloat16 and float64 (issue 17), on the embedded store and on two shards
+(test/tables/conftest.py runs every test on both).
+
+Training: 50 steps of each fused optimizer against a CPU reference computed the same way. Half
+rows: the table holds float16/bfloat16 weights with float32 optimizer state; each step widens the
+row, applies the float32 rule (torch.optim's own, on a float32 copy) and rounds once, so the
+reference keeps its weights in the half type and its state in float32 and must agree to the
+rounding of one step. float64 tables follow torch.optim in float64. The gradients are fixed per id
+(the loss is a fixed linear function of the looked-up rows), so the comparison is open loop: a
+difference in one step cannot hide in later ones. Rows no batch names stay bit-identical."""
+
+import os
+import tempfile
+import uuid
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_recdev
+from torch_recdev import optim as rd_optim
+
+ROWS = 64
+TOUCHED = 32  # ids are drawn from [0, TOUCHED); the rest must never change
+DIM = 8
+STEPS = 50
+HALF = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float16, torch.bfloat16, torch.float64)
+
+
+class RowWiseAdagradReference(torch.optim.Optimizer):
+    """EXACT_ROWWISE_ADAGRAD (csrc/store/optimizer.h) on sparse gradients, in float64, the
+    accumulator kept in the parameter's dtype."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "acc" not in state:
+                    state["acc"] = torch.zeros(p.shape[0], dtype=p.dtype)
+                grad = p.grad.coalesce()
+                rows, g = grad.indices()[0], grad.values().double()
+                acc = state["acc"][rows].double() + (g * g).sum(1) / p.shape[1]
+                state["acc"][rows] = acc.to(p.dtype)
+                multiplier = (group["lr"] / (acc.sqrt() + 1e-10)).unsqueeze(1)
+                p[rows] = (p[rows].double() - g * multiplier).to(p.dtype)
+
+
+# fused optimizer on the table, and the reference on a CPU parameter (sparse gradients).
+OPTIMIZERS = {
+    "sgd": (lambda p: rd_optim.SGD(p, lr=0.05), lambda p: torch.optim.SGD(p, lr=0.05)),
+    "adagrad": (
+        lambda p: rd_optim.Adagrad(p, lr=0.05, initial_accumulator_value=0.1),
+        lambda p: torch.optim.Adagrad(p, lr=0.05, initial_accumulator_value=0.1),
+    ),
+    "rowwise_adagrad": (lambda p: rd_optim.RowWiseAdagrad(p, lr=0.05), lambda p: RowWiseAdagradReference(p, lr=0.05)),
+    "adam": (lambda p: rd_optim.Adam(p, lr=0.01), lambda p: torch.optim.SparseAdam(p, lr=0.01)),
+}
+
+
+def table_of(dtype, rows=ROWS, dim=DIM):
+    """A table of `dtype` with random weights, every row written (so all are materialized)."""
+    with torch_recdev.placement("table"):
+        weight = torch.empty(rows, dim, dtype=dtype, device="recdev")
+    assert torch_recdev.is_table(weight)
+    init = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        weight.copy_(init)
+    return weight.requires_grad_(), init
+
+
+def batches(dtype):
+    """STEPS batches of (ids with duplicates, fixed output coefficients of the table's dtype)."""
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(STEPS):
+        ids = torch.randint(0, TOUCHED, (24,), generator=gen)
+        ids[1] = ids[0]  # a duplicate in every batch
+        coefficients = (torch.randn(24, DIM, generator=gen) * 0.5).to(dtype)
+        yield ids, coefficients
+
+
+def read(weight):
+    return weight.detach()[torch.arange(weight.shape[0])].cpu()
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fifty_steps_match_the_reference(dtype, kind):
+    fused, reference = OPTIMIZERS[kind]
+    weight, init = table_of(dtype)
+    optimizer = fused([weight])
+    # The reference: float64 math on a float64 parameter; half weights in a float32 parameter whose
+    # state stays float32, rounded to the half type after every step, as the store rounds.
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    ref_param = init.to(compute).clone().requires_grad_()
+    ref_optimizer = reference([ref_param])
+    for ids, coefficients in batches(dtype):
+        optimizer.zero_grad()
+        out = F.embedding(ids.to("recdev"), weight)
+        assert out.dtype == dtype
+        (out * coefficients.to("recdev")).sum().backward()
+        optimizer.step()
+
+        ref_param.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), coefficients.to(compute), (ROWS, DIM))
+        ref_optimizer.step()
+        with torch.no_grad():
+            ref_param.copy_(ref_param.to(dtype).to(compute))
+    actual = read(weight)
+    assert actual.dtype == dtype
+    expected = ref_param.detach().to(dtype)
+    if dtype == torch.float64:
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-14)
+    else:
+        # One rounding per step: rows agree to an ulp or two of the half type.
+        ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=2 * ulp, atol=1e-3)
+    assert not torch.equal(actual[:TOUCHED], init[:TOUCHED]), "training moved nothing"
+    # Never named: the same bits.
+    assert torch.equal(actual[TOUCHED:].view(torch.int16 if dtype in HALF else torch.int64),
+                       init[TOUCHED:].view(torch.int16 if dtype in HALF else torch.int64))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_step_of_sgd_moves_a_half_row_by_the_update(dtype):
+    # The issue's case: one step of lr 0.1 on a row of [-0.006, 0.777, 0.635, ...].
+    with torch_recdev.placement("table"):
+        weight = torch.nn.Embedding(5000, 8, dtype=dtype, device="recdev").weight
+    with torch.no_grad():
+        weight[3] = torch.tensor([-0.006, 0.777, 0.635, 0.1, -0.2, 0.3, -0.4, 0.5], dtype=dtype).to("recdev")
+    before = read(weight)[3]
+    optimizer = rd_optim.SGD([weight], lr=0.1)
+    F.embedding(torch.tensor([3]).to("recdev"), weight).sum().backward()
+    optimizer.step()
+    assert torch.equal(read(weight)[3], (before.float() - 0.1).to(dtype))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_embedding_bag_matches_cpu(dtype, mode):
+    weight, init = table_of(dtype)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, ROWS, (40,), generator=gen)
+    offsets = torch.tensor([0, 3, 3, 10, 22, 39])
+    kwargs = dict(mode=mode, padding_idx=int(ids[5]))
+    if mode == "sum":
+        kwargs["per_sample_weights"] = torch.rand(40, generator=gen).to(dtype)
+    with torch.no_grad():
+        actual = F.embedding_bag(
+            ids.to("recdev"),
+            weight,
+            offsets.to("recdev"),
+            **{k: (v.to("recdev") if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()},
+        )
+    expected = F.embedding_bag(ids, init, offsets, **kwargs)
+    assert actual.dtype == dtype
+    assert torch.equal(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_embedding_bag_trains_a_half_table(dtype):
+    weight, init = table_of(dtype)
+    optimizer = rd_optim.SGD([weight], lr=0.5)
+    ids = torch.tensor([1, 2, 2, 5])
+    psw = torch.tensor([1.0, 0.5, 2.0, 1.0], dtype=dtype)
+    out = F.embedding_bag(
+        ids.to("recdev"), weight, torch.tensor([0, 2]).to("recdev"), mode="sum", per_sample_weights=psw.to("recdev")
+    )
+    out.sum().backward()
+    optimizer.step()
+    # Row 2 got 0.5 + 2.0 times the bag's all-ones gradient, row 1 once, row 5 once.
+    expected = init.float().clone()
+    expected[1] -= 0.5 * 1.0
+    expected[2] -= 0.5 * 2.5
+    expected[5] -= 0.5 * 1.0
+    assert torch.equal(read(weight), expected.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_named_table_keeps_its_dtype_and_shape(dtype):
+    name = f"dtype-{uuid.uuid4().hex}"
+    table = torch_recdev.ops.init_embedding_table(name, 100, 6, dtype=dtype, init=torch_recdev.Normal(0.0, 1.0))
+    assert table.dtype == dtype and table.shape == (100, 6)
+    keys = torch.tensor([4, 9])
+    initial = torch_recdev.ops.emb_read(table, keys)
+    assert initial.dtype == dtype and initial.shape == (2, 6)
+    # Init values: the float32 values of a row converted to the type, so they agree with float32's.
+    assert initial.abs().max() < 10 and initial.std() > 0.1
+    rows = torch.arange(12, dtype=dtype).reshape(2, 6) / 4
+    torch_recdev.ops.emb_write(table, keys, rows)
+    assert torch.equal(torch_recdev.ops.emb_read(table, keys).cpu(), rows)
+    assert torch.equal(table.detach()[keys.to("recdev")].cpu(), rows)
+    with pytest.raises(ValueError, match="expected .* rows"):
+        torch_recdev.ops.emb_write(table, keys, rows.float() if dtype != torch.float32 else rows.double())
+    with pytest.raises(ValueError, match="dtype is part of its identity"):
+        torch_recdev.ops.init_embedding_table(name, 100, 6, dtype=torch.float32)
+    assert torch_recdev.table_stats(table)["dtype"] == str(dtype).removeprefix("torch.")
+
+
+def test_integer_tables_look_up_but_refuse_an_optimizer():
+    with torch_recdev.placement("table"):
+        table = torch.empty(50, 4, dtype=torch.int32, device="recdev")
+    values = torch.arange(200, dtype=torch.int32).reshape(50, 4)
+    table.copy_(values)
+    assert torch.equal(table[torch.tensor([3, 7]).to("recdev")].cpu(), values[[3, 7]])
+    with pytest.raises(Exception, match="non-floating dtype"):
+        rd_optim.SGD([table], lr=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_save_round_trip_keeps_dtype_bits_and_state(dtype):
+    weight, _ = table_of(dtype)
+    optimizer = rd_optim.Adagrad([weight], lr=0.1)
+    F.embedding(torch.tensor([1, 2]).to("recdev"), weight).sum().backward()
+    optimizer.step()
+    before = read(weight)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.pt")
+        torch.save(weight.detach(), path)
+        loaded = torch.load(path)
+    assert loaded.dtype == dtype and torch_recdev.is_table(loaded)
+    assert torch.equal(read(loaded), before)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_store_checkpoint_round_trip_and_dtype_mismatch(dtype, tmp_path):
+    name = f"ckpt-{uuid.uuid4().hex}"
+    table = torch_recdev.ops.init_embedding_table(name, 100, 4, dtype=dtype, optimizer=("adagrad", {"lr": 0.1}))
+    keys = torch.tensor([0, 7, 8])
+    torch_recdev.ops.emb_write(table, keys, torch.randn(3, 4).to(dtype))
+    torch_recdev.ops.emb_update(table, keys, torch.ones(3, 4, dtype=dtype))
+    saved = torch_recdev.ops.emb_read(table, keys).cpu()
+    path = str(tmp_path / "store.ckpt")
+    torch_recdev.ops.save(path)
+    torch_recdev.ops.emb_write(table, keys, torch.zeros(3, 4, dtype=dtype))
+    torch_recdev.ops.load(path)
+    assert torch.equal(torch_recdev.ops.emb_read(table, keys).cpu(), saved)
+    # The optimizer state came back too: the next step equals one from the saved state.
+    torch_recdev.ops.emb_update(table, keys, torch.ones(3, 4, dtype=dtype))
+    stepped = torch_recdev.ops.emb_read(table, keys).cpu()
+    torch_recdev.ops.load(path)
+    torch_recdev.ops.emb_update(table, keys, torch.ones(3, 4, dtype=dtype))
+    assert torch.equal(torch_recdev.ops.emb_read(table, keys).cpu(), stepped)
+
+
+def test_checkpoint_into_a_table_of_another_dtype_is_refused(run_python, tmp_path):
+    """A store whose table of that name is float32 refuses the float16 table of a checkpoint and loads
+    nothing (fresh interpreters: one store cannot hold both)."""
+    path = tmp_path / "half.ckpt"
+    save = f"""
+        import torch, torch_recdev
+        t = torch_recdev.ops.init_embedding_table("clash", 10, 4, dtype=torch.float16)
+        torch_recdev.ops.emb_write(t, torch.tensor([1]), torch.ones(1, 4, dtype=torch.float16))
+        torch_recdev.ops.save({str(path)!r})
+    """
+    result = run_python(save, {"RECDEV_SERVERS": None})
+    assert result.returncode == 0, result.stderr
+    load = f"""
+        import torch, torch_recdev
+        t = torch_recdev.ops.init_embedding_table("clash", 10, 4)
+        torch_recdev.ops.emb_write(t, torch.tensor([1]), torch.full((1, 4), 3.0))
+        try:
+            torch_recdev.ops.load({str(path)!r})
+        except Exception as error:
+            print("refused:", error)
+        print("row:", torch_recdev.ops.emb_read(t, torch.tensor([1])).tolist())
+    """
+    result = run_python(load, {"RECDEV_SERVERS": None})
+    assert result.returncode == 0, result.stderr
+    assert "refused:" in result.stdout and "float16" in result.stdout, result.stdout
+    assert "row: [[3.0, 3.0, 3.0, 3.0]]" in result.stdout
