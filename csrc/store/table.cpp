@@ -728,7 +728,9 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   init_lock.unlock();
   locks.clear();
   request.unlock();
-  evict_now(policy_->enforce(steady_seconds()));
+  // Without evict, rows over the budget stay (the rows are installed by now): the next request that
+  // adds a row is refused.
+  if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
 }
 
 // ---- Fused optimizer ----
@@ -790,7 +792,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   if (policy_) {
     // Wider records shrink a byte budget's rows.
     policy_->set_record_bytes(uint64_t{new_record_floats} * sizeof(float));
-    evict_now(policy_->enforce(steady_seconds()));
+    if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "errors.h"
+#include "mix64.h"
 
 namespace recdev::store {
 namespace {
@@ -16,6 +17,43 @@ constexpr uint32_t kMinSketchWidth = 16;
 constexpr uint32_t kMaxSketchWidth = 1u << 26;
 
 enum class Status : uint8_t { Resident, Admit, Pending };
+
+// A request's distinct ids: an open-addressing set from id to its first position among them, without
+// an allocation per id (a batch has tens of thousands).
+class DistinctIds {
+ public:
+  explicit DistinctIds(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    keys_.assign(capacity, kEmpty);
+    slots_.resize(capacity);
+    mask_ = capacity - 1;
+  }
+  // {slot of id, whether it is new}; a new id gets slot `next`.
+  std::pair<uint32_t, bool> insert(uint64_t id, uint32_t next) {
+    for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == id) return {slots_[i], false};
+      if (keys_[i] == kEmpty) {
+        keys_[i] = id;
+        slots_[i] = next;
+        return {next, true};
+      }
+    }
+  }
+  bool contains(uint64_t id) const {
+    for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == id) return true;
+      if (keys_[i] == kEmpty) return false;
+    }
+  }
+
+ private:
+  // No row id is UINT64_MAX: num_rows is at most UINT64_MAX, so ids are below it.
+  static constexpr uint64_t kEmpty = std::numeric_limits<uint64_t>::max();
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> slots_;
+  size_t mask_;
+};
 
 std::string format_seconds(double seconds) {
   std::string text = std::to_string(seconds);
@@ -95,12 +133,59 @@ void TablePolicy::reconfigure(const TablePolicyConfig& config) {
   }
   config_ = config;
   if (rescore && !rows_.empty()) {
-    // The order's keys depend on the kind: rebuild it with one touch count per row at its last step.
-    order_.clear();
+    // The order's keys depend on the kind: one touch count per row at its last step.
     for (auto& [id, meta] : rows_) {
       meta.score = config_.evict == EvictKind::Lfu ? double(meta.step) / config_.half_life : 0.0;
-      order_.insert(key_of(id, meta));
     }
+    relink_all();
+  }
+}
+
+void TablePolicy::link(Node* node) {
+  if (!uses_list()) {
+    order_.insert(key_of(node->first, node->second));
+    return;
+  }
+  node->second.older = newest_;
+  node->second.newer = nullptr;
+  (newest_ != nullptr ? newest_->second.newer : oldest_) = node;
+  newest_ = node;
+}
+
+void TablePolicy::unlink(Node* node) {
+  if (!uses_list()) {
+    order_.erase(key_of(node->first, node->second));
+    return;
+  }
+  Meta& meta = node->second;
+  (meta.older != nullptr ? meta.older->second.newer : oldest_) = meta.newer;
+  (meta.newer != nullptr ? meta.newer->second.older : newest_) = meta.older;
+}
+
+void TablePolicy::relink_all() {
+  std::vector<Node*> nodes;
+  nodes.reserve(rows_.size());
+  for (Node& node : rows_) nodes.push_back(&node);
+  std::sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) {
+    return key_of(a->first, a->second) < key_of(b->first, b->second);
+  });
+  order_.clear();
+  oldest_ = newest_ = nullptr;
+  for (Node* node : nodes) link(node);
+}
+
+template <class Fn>
+void TablePolicy::walk(Fn fn) const {
+  if (uses_list()) {
+    for (const Node* node = oldest_; node != nullptr;) {
+      const Node* newer = node->second.newer;  // fn may not remove rows, but read it first anyway
+      if (!fn(node->first, node->second)) return;
+      node = newer;
+    }
+    return;
+  }
+  for (const Key& key : order_) {
+    if (!fn(key.id, rows_.at(key.id))) return;
   }
 }
 
@@ -124,22 +209,20 @@ bool TablePolicy::expired(const Meta& meta, double now) const {
 }
 
 void TablePolicy::touch(uint64_t id, uint64_t tick, double now) {
-  const auto found = rows_.find(id);
+  auto found = rows_.find(id);
   if (found != rows_.end()) {
-    order_.erase(key_of(id, found->second));
+    unlink(&*found);
     found->second = Meta{tick, step_, now, touched_score(&found->second)};
-    order_.insert(key_of(id, found->second));
-    return;
+  } else {
+    found = rows_.emplace(id, Meta{tick, step_, now, touched_score(nullptr)}).first;
   }
-  const Meta meta{tick, step_, now, touched_score(nullptr)};
-  rows_.emplace(id, meta);
-  order_.insert(key_of(id, meta));
+  link(&*found);
 }
 
 void TablePolicy::remove(uint64_t id) {
   const auto found = rows_.find(id);
   if (found == rows_.end()) return;
-  order_.erase(key_of(id, found->second));
+  unlink(&*found);
   rows_.erase(found);
 }
 
@@ -147,8 +230,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   const uint64_t saved_step = step_;
   if (touch_kind == Touch::Update) ++step_;  // undone below if the request is refused
   // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
-  std::unordered_map<uint64_t, uint32_t> index_of;
-  index_of.reserve(n);
+  DistinctIds index_of(n);
   std::vector<uint64_t> distinct;
   std::vector<Status> status;
   std::vector<uint32_t> sketch_cells;
@@ -158,7 +240,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   PolicyDecision decision;
   decision.stored.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const auto [slot, created] = index_of.emplace(ids[i], uint32_t(distinct.size()));
+    const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
     if (created) {
       const uint64_t id = ids[i];
       const auto found = rows_.find(id);
@@ -178,7 +260,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
       stored_count += s != Status::Pending;
       new_count += s == Status::Admit;
     }
-    decision.stored[i] = status[slot->second] != Status::Pending;
+    decision.stored[i] = status[slot] != Status::Pending;
     decision.all_stored = decision.all_stored && decision.stored[i];
   }
   const uint64_t budget = row_budget();
@@ -202,32 +284,32 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   }
 
   // From here on nothing throws but bad_alloc.
-  while (!order_.empty() && expired(rows_.at(order_.begin()->id), now)) {
-    decision.victims.push_back(order_.begin()->id);
-    remove(order_.begin()->id);
-  }
-  std::vector<uint64_t> admitted_ticks;
-  for (size_t d = 0; d < distinct.size(); ++d) {
-    if (status[d] == Status::Resident) {
-      touch(distinct[d], ++tick_, now);
-    } else if (status[d] == Status::Admit) {
-      decision.admitted.push_back(distinct[d]);
-      admitted_ticks.push_back(++tick_);
-    } else {
-      ++pending_;
-    }
-  }
+  walk([&](uint64_t id, const Meta& meta) {
+    if (!expired(meta, now)) return false;
+    decision.victims.push_back(id);
+    return true;
+  });
+  for (const uint64_t id : decision.victims) remove(id);
+  // Victims first (never rows of this request), then the request's rows touched in first-occurrence
+  // order, so that the recency list stays in tick order.
   if (budget != kNoBudget && rows_.size() + new_count > budget) {
     uint64_t excess = rows_.size() + new_count - budget;
     const size_t first_victim = decision.victims.size();
-    for (auto it = order_.begin(); excess > 0 && it != order_.end(); ++it) {
-      if (index_of.count(it->id) != 0) continue;  // a row of this request
-      decision.victims.push_back(it->id);
-      --excess;
-    }
+    walk([&](uint64_t id, const Meta&) {
+      if (index_of.contains(id)) return true;  // a row of this request
+      decision.victims.push_back(id);
+      return --excess > 0;
+    });
     for (size_t v = first_victim; v < decision.victims.size(); ++v) remove(decision.victims[v]);
   }
-  for (size_t a = 0; a < decision.admitted.size(); ++a) touch(decision.admitted[a], admitted_ticks[a], now);
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    if (status[d] == Status::Pending) {
+      ++pending_;
+      continue;
+    }
+    if (status[d] == Status::Admit) decision.admitted.push_back(distinct[d]);
+    touch(distinct[d], ++tick_, now);
+  }
   evicted_ += decision.victims.size();
   admitted_ += decision.admitted.size();
   if (sketch_) sketch_->note_increments(increments);
@@ -248,11 +330,14 @@ std::vector<uint64_t> TablePolicy::enforce(double now) {
                                           "budget");
   }
   std::vector<uint64_t> victims;
-  while (!order_.empty() &&
-         (expired(rows_.at(order_.begin()->id), now) || (budget != kNoBudget && rows_.size() > budget))) {
-    victims.push_back(order_.begin()->id);
-    remove(order_.begin()->id);
-  }
+  uint64_t excess = budget != kNoBudget && rows_.size() > budget ? rows_.size() - budget : 0;
+  walk([&](uint64_t id, const Meta& meta) {
+    if (excess == 0 && !expired(meta, now)) return false;
+    victims.push_back(id);
+    if (excess > 0) --excess;
+    return true;
+  });
+  for (const uint64_t id : victims) remove(id);
   evicted_ += victims.size();
   return victims;
 }
@@ -263,6 +348,7 @@ void TablePolicy::forget(const uint64_t* ids, size_t n) {
 
 void TablePolicy::clear() {
   order_.clear();
+  oldest_ = newest_ = nullptr;
   rows_.clear();
 }
 
@@ -272,11 +358,11 @@ PolicyStats TablePolicy::stats() const {
 
 std::vector<RowTouch> TablePolicy::touches(double now) const {
   std::vector<RowTouch> out;
-  out.reserve(order_.size());
-  for (const Key& key : order_) {
-    const Meta& meta = rows_.at(key.id);
-    out.push_back(RowTouch{key.id, meta.tick, meta.step, now - meta.time, meta.score});
-  }
+  out.reserve(rows_.size());
+  walk([&](uint64_t id, const Meta& meta) {
+    out.push_back(RowTouch{id, meta.tick, meta.step, now - meta.time, meta.score});
+    return true;
+  });
   return out;
 }
 
@@ -284,9 +370,7 @@ void TablePolicy::restore(const std::vector<RowTouch>& touches, const Clocks& cl
                           const std::vector<uint16_t>* sketch, uint64_t sketch_since_aging, double now) {
   clear();
   for (const RowTouch& row : touches) {
-    const Meta meta{row.tick, row.step, now - row.time, row.score};
-    rows_.emplace(row.id, meta);
-    order_.insert(key_of(row.id, meta));
+    link(&*rows_.emplace(row.id, Meta{row.tick, row.step, now - row.time, row.score}).first);
   }
   tick_ = clocks.tick;
   step_ = clocks.step;

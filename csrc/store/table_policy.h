@@ -154,7 +154,11 @@ class TablePolicy {
     uint64_t step;
     double time;
     double score;
+    // lru and ttl: the recency list, oldest first (map nodes do not move).
+    std::pair<const uint64_t, Meta>* older = nullptr;
+    std::pair<const uint64_t, Meta>* newer = nullptr;
   };
+  using Node = std::pair<const uint64_t, Meta>;
   struct Key {
     double score;
     uint64_t tick;
@@ -185,6 +189,14 @@ class TablePolicy {
   };
 
   Key key_of(uint64_t id, const Meta& meta) const { return Key{meta.score, meta.tick, id}; }
+  // lru and ttl order rows by a list (a touch moves its row to the end in O(1)); lfu by the set of keys.
+  bool uses_list() const { return config_.evict != EvictKind::Lfu; }
+  void link(Node* node);    // into the order
+  void unlink(Node* node);  // out of it
+  void relink_all();        // after the kind of order changed
+  // The rows in eviction order: fn(id, meta) until it returns false.
+  template <class Fn>
+  void walk(Fn fn) const;
   double touched_score(const Meta* old) const;
   bool expired(const Meta& meta, double now) const;
   void touch(uint64_t id, uint64_t tick, double now);
@@ -199,6 +211,8 @@ class TablePolicy {
       rows_{0, std::hash<uint64_t>(), std::equal_to<uint64_t>(),
             Counting<std::pair<const uint64_t, Meta>>(metadata_bytes_.get())};
   std::set<Key, std::less<Key>, Counting<Key>> order_{std::less<Key>(), Counting<Key>(metadata_bytes_.get())};
+  Node* oldest_ = nullptr;
+  Node* newest_ = nullptr;
   std::unique_ptr<FrequencySketch> sketch_;  // with admit_after > 1
   uint64_t tick_ = 0;
   uint64_t step_ = 0;
