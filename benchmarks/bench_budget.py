@@ -16,7 +16,7 @@ import time
 import torch
 
 import torch_recdev
-from harness import Fact, Row, compare, median_seconds
+from harness import Fact, Row, compare
 from torch_recdev import _C
 
 TOUCHED, NUM_IDS, BAG, DIM, STEPS = 200_000, 65_536, 4, 64, 10
