@@ -411,6 +411,10 @@ void bind_tables(py::module_& s) {
                ", updates=" + std::to_string(stats.updates) + ")";
       });
 
+  py::class_<Table::PolicyState>(s, "TablePolicyState",
+                                 "A table's policy with its rows' touch metadata, clocks and sketch (opaque).")
+      .def_property_readonly("rows", [](const Table::PolicyState& state) { return state.touches.size(); });
+
   py::class_<Table, std::shared_ptr<Table>>(s, "Table")
       .def_property_readonly("id", &Table::id)
       .def_property_readonly("config", &Table::config)
@@ -450,6 +454,11 @@ void bind_tables(py::module_& s) {
           },
           "Budget, eviction and admission (keywords of python/table_policy_binding.h); none removes it.")
       .def_property_readonly("policy", [](const Table& table) { return policy_to_dict(table.policy()); })
+      .def("policy_state", &Table::policy_state, py::call_guard<py::gil_scoped_release>(),
+           "The policy and the touch metadata of the rows held, or None without a policy.")
+      .def("restore_policy_state", &Table::restore_policy_state, py::arg("state"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Sets the policy with the metadata of policy_state() for the rows the table holds now.")
       .def("gather_state", &gather_state, py::arg("ids"),
            "The optimizer state of the rows, (len(ids), state_floats); does not materialize.");
 

@@ -290,3 +290,18 @@ def test_concurrent_requests_see_no_torn_row_and_counts_agree(store_mod):
 
 def held_all(table, num_rows):
     return np.flatnonzero(table.exists(np.arange(num_rows, dtype=np.uint64)))
+
+
+def test_policy_state_carries_the_order_to_a_restored_table(policy_table, store_mod, tmp_path, rng):
+    table, _ = policy_table(max_rows=20, evict="lfu", half_life=5.0, admit_after=2, sketch_width=16)
+    model = PolicyModel(max_rows=20, evict="lfu", half_life=5.0, admit_after=2, sketch_width=16)
+    run_against_model(table, model, rng, requests=100)
+    state = table.policy_state()
+    assert state.rows == len(model.rows)
+    store_mod.save_table(tmp_path / "t.ckpt", table)
+    restored, _ = policy_table()
+    store_mod.load_table(tmp_path / "t.ckpt", restored)
+    restored.restore_policy_state(state)
+    assert restored.policy == table.policy
+    # The restored table goes on evicting and admitting exactly as the original and the model.
+    run_against_model(restored, model, rng, requests=100)
