@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_budget  # noqa: E402
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
@@ -34,6 +35,7 @@ SUITES = [
     ("Remote store on loopback (issue: remote store)", bench_remote.run),
     ("Scaling (issue: the main job and the benchmark suite)", bench_scaling.run),
     ("First touch of new ids (issue: bounded memory for unbounded ids)", bench_first_touch.run),
+    ("Budgets, eviction and admission (suite budget, issue 20)", bench_budget.run),
 ]
 
 

@@ -186,6 +186,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--servers", help="recdev-server shards (tcp://host:port,...); default: the embedded store "
                         "(or $RECDEV_SERVERS)")
+    parser.add_argument("--max-rows", type=int, help="budget of rows per table, evicting least recently used rows "
+                        "(docs/budgets.md); default: unbounded")
+    parser.add_argument("--admit-after", type=int, default=1, help="store a row only from its k-th lookup on")
     args = parser.parse_args(argv)
     if args.servers:
         torch_recdev.connect(args.servers)
@@ -199,6 +202,10 @@ def main(argv=None) -> dict:
     baseline = {"auc": 0.5, "log_loss": log_loss(np.full(len(test[2]), train[2].mean()), test[2])}
 
     tables = make_tables(args.lr)
+    if args.max_rows is not None or args.admit_after != 1:
+        for table in tables:
+            torch_recdev.set_table_policy(table, max_rows=args.max_rows, evict="lru" if args.max_rows else None,
+                                          admit_after=args.admit_after)
     model = CTRModel(tables)
     dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
     start_epoch = 0
@@ -247,16 +254,19 @@ def main(argv=None) -> dict:
     elapsed = time.perf_counter() - started
 
     print("\nsummary")
-    total_rows = total_bytes = 0
+    total_rows = total_bytes = evicted = 0
     for f, table in zip(FEATURES, tables):
         stats = torch_recdev.table_stats(table)
         total_rows += stats["rows"]
         total_bytes += stats["bytes"]
+        evicted += stats["evicted"]
         print(f"  {f.name:<11} {f.num_rows:>14,} rows in the table, {stats['rows']:>8,} materialized, "
               f"{stats['bytes'] / 2**20:8.1f} MiB held")
     dense_bytes = sum(f.num_rows for f in FEATURES) * EMBEDDING_DIM * 4
     print(f"  tables hold {total_bytes / 2**20:.1f} MiB for {total_rows:,} rows; dense tables would need "
           f"{dense_bytes / 2**30:,.0f} GiB")
+    if args.max_rows is not None or args.admit_after != 1:
+        print(f"  budget: max_rows {args.max_rows} per table, admit_after {args.admit_after}: {evicted:,} rows evicted")
     if seen:
         print(f"  throughput {seen / elapsed:,.0f} samples/s over {step} steps ({elapsed:.1f} s)")
     final = history[-1] if history else {"auc": evaluate(model, test)[0], "log_loss": evaluate(model, test)[1]}
@@ -265,7 +275,8 @@ def main(argv=None) -> dict:
     if history and args.plot:
         plot_curves(history, optimum, args.plot)
         print(f"  learning curves: {args.plot}")
-    return {"auc": final["auc"], "optimum": optimum, "baseline": baseline, "history": history}
+    return {"auc": final["auc"], "optimum": optimum, "baseline": baseline, "history": history, "evicted": evicted,
+            "rows": total_rows, "bytes": total_bytes}
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ _run_backward_on_the_calling_thread()
 
 from . import compile_support, ops, optim, serialization, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
 from .ops import connect, store_info  # noqa: E402
+from .budgets import set_table_policy, table_policy  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -91,4 +92,6 @@ __all__ = [
     "set_table_min_bytes",
     "table_min_bytes",
     "table_stats",
+    "set_table_policy",
+    "table_policy",
 ]

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import _C, optim
+from . import _C, budgets, optim
 from .init import InitStrategy
 
 __all__ = [
@@ -122,6 +122,12 @@ def init_embedding_table(
     init: Optional[InitStrategy] = None,
     optimizer: Optional[tuple[str, dict]] = None,
     dtype: torch.dtype = torch.float32,
+    max_rows: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    evict: Optional[str] = None,
+    ttl=None,
+    admit_after: int = 1,
+    half_life: Optional[float] = None,
 ) -> torch.Tensor:
     """The named table ``name`` as a ``[num_embeddings, embedding_dim]`` recdev tensor of ``dtype``
     (float32, float16, bfloat16 or float64; half types need an even ``embedding_dim``).
@@ -129,11 +135,17 @@ def init_embedding_table(
     The same name returns the same table (a different shape or dtype is an error). ``init``
     sets the rule every untouched row follows (O(1)); ``optimizer`` is
     ``(kind, hyperparameters)`` with kind one of sgd, adagrad, rowwise_adagrad,
-    adam, e.g. ``("adagrad", {"lr": 0.05})``."""
+    adam, e.g. ``("adagrad", {"lr": 0.05})``. ``max_rows``, ``max_bytes``, ``evict``, ``ttl``,
+    ``admit_after`` and ``half_life`` set its budget, eviction and admission, as
+    :func:`torch_recdev.set_table_policy` does (when any is given)."""
     if not isinstance(name, str) or not name:
         raise ValueError("init_embedding_table: name must be a non-empty string")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"init_embedding_table: dtype must be a torch.dtype; got {dtype!r}")
+    policy = dict(max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after,
+                  half_life=half_life)
+    policy_given = any(v is not None for k, v in policy.items() if k != "admit_after") or admit_after != 1
+    policy_keywords = budgets.policy_keywords(**policy) if policy_given else None  # checked before any change
     table = _C._named_table(name, int(num_embeddings), int(embedding_dim), dtype)
     if init is not None:
         if not isinstance(init, InitStrategy):
@@ -153,6 +165,8 @@ def init_embedding_table(
         if betas is not None:
             config["beta1"], config["beta2"] = betas
         _C._set_table_optimizer(table, kind, {k: float(v) for k, v in config.items()})
+    if policy_keywords is not None:
+        _C._set_table_policy(table, policy_keywords)
     return table
 
 

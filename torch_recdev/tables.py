@@ -60,7 +60,8 @@ def is_table(tensor: torch.Tensor) -> bool:
 
 
 def table_stats(tensor: torch.Tensor) -> dict:
-    """num_embeddings, embedding_dim, rows (materialized), bytes (held), row_bytes, reads, writes."""
+    """num_embeddings, embedding_dim, rows (materialized), bytes (held), row_bytes, reads, writes,
+    updates; and for budgets (docs/budgets.md) evicted, admitted, pending and policy."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"table_stats expects a tensor; got {type(tensor).__name__}")
     return _C._table_stats(tensor)

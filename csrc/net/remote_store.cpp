@@ -234,6 +234,17 @@ void RemoteTable::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
   });
 }
 
+void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
+  store::validate_policy(config);
+  if (!config.active()) return;
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "set_table_policy on " + label() +
+                       ": budgets, eviction and admission are not supported on remote tables yet (the servers' "
+                       "protocol does not carry them); use an embedded table");
+}
+
+store::TablePolicyConfig RemoteTable::policy() const { return {}; }
+
 void RemoteTable::erase(const uint64_t* ids, size_t n) {
   check_ids(ids, n);
   fan_out_ids(ids, n, Opcode::Erase, 0, [](const Call&, const size_t*, size_t) {});

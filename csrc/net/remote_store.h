@@ -56,6 +56,9 @@ class RemoteTable final : public store::TableHandle {
   void exists(const uint64_t* ids, size_t n, uint8_t* out) const override;
   void erase(const uint64_t* ids, size_t n) override;
   store::TableStats stats() const override;
+  // Not carried by the protocol yet: set_policy refuses with InvalidArgument, policy() is none.
+  void set_policy(const store::TablePolicyConfig& config) override;
+  store::TablePolicyConfig policy() const override;
 
   void set_optimizer(const store::OptimizerConfig& config) override;
   store::OptimizerConfig optimizer() const override;

@@ -8,6 +8,7 @@
 #include "python/server_binding.h"
 #include "python/store_binding.h"
 #include "python/table_api.h"
+#include "python/table_policy_binding.h"
 #include "python/table_serialization.h"
 
 #include "store/chunk_pool.h"
@@ -67,6 +68,10 @@ py::dict table_stats(const at::Tensor& t) {
   d["reads"] = stats.reads;
   d["writes"] = stats.writes;
   d["updates"] = stats.updates;
+  d["evicted"] = stats.evicted;
+  d["admitted"] = stats.admitted;
+  d["pending"] = stats.pending;
+  d["policy"] = store::policy_to_dict(block->table().policy());
   return d;
 }
 

@@ -19,6 +19,7 @@
 #include "store/philox.h"
 #include "store/store.h"
 #include "store/table.h"
+#include "python/table_policy_binding.h"
 
 namespace py = pybind11;
 
@@ -400,12 +401,19 @@ void bind_tables(py::module_& s) {
       .def_readonly("reads", &TableStats::reads)
       .def_readonly("writes", &TableStats::writes)
       .def_readonly("updates", &TableStats::updates)
+      .def_readonly("evicted", &TableStats::evicted)
+      .def_readonly("admitted", &TableStats::admitted)
+      .def_readonly("pending", &TableStats::pending)
       .def("__repr__", [](const TableStats& stats) {
         return "TableStats(num_rows=" + std::to_string(stats.num_rows) + ", dim=" + std::to_string(stats.dim) +
                ", rows=" + std::to_string(stats.rows) + ", bytes=" + std::to_string(stats.bytes) +
                ", reads=" + std::to_string(stats.reads) + ", writes=" + std::to_string(stats.writes) +
                ", updates=" + std::to_string(stats.updates) + ")";
       });
+
+  py::class_<Table::PolicyState>(s, "TablePolicyState",
+                                 "A table's policy with its rows' touch metadata, clocks and sketch (opaque).")
+      .def_property_readonly("rows", [](const Table::PolicyState& state) { return state.touches.size(); });
 
   py::class_<Table, std::shared_ptr<Table>>(s, "Table")
       .def_property_readonly("id", &Table::id)
@@ -437,6 +445,20 @@ void bind_tables(py::module_& s) {
            py::arg("include_last_offset") = false, py::arg("padding_idx") = -1,
            "One optimizer step from the gradient of gather_pooled's output: bag_grads is (num_bags, dim); "
            "each id gets its bag's gradient as the mode scaled it (Sum, Mean).")
+      .def(
+          "set_policy",
+          [](Table& table, const py::kwargs& keywords) {
+            const TablePolicyConfig config = policy_from_dict(keywords);
+            py::gil_scoped_release release;
+            table.set_policy(config);
+          },
+          "Budget, eviction and admission (keywords of python/table_policy_binding.h); none removes it.")
+      .def_property_readonly("policy", [](const Table& table) { return policy_to_dict(table.policy()); })
+      .def("policy_state", &Table::policy_state, py::call_guard<py::gil_scoped_release>(),
+           "The policy and the touch metadata of the rows held, or None without a policy.")
+      .def("restore_policy_state", &Table::restore_policy_state, py::arg("state"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Sets the policy with the metadata of policy_state() for the rows the table holds now.")
       .def("gather_state", &gather_state, py::arg("ids"),
            "The optimizer state of the rows, (len(ids), state_floats); does not materialize.");
 

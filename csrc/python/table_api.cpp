@@ -5,6 +5,7 @@
 #include "device/table_storage.h"
 
 #include "net/remote_store.h"
+#include "python/table_policy_binding.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -270,6 +271,13 @@ void bind_table_api(py::module_& m) {
   m.def("_exists", &exists);
   m.def("_erase", &erase);
   m.def("_set_table_optimizer", &set_optimizer);
+  m.def("_set_table_policy", [](const at::Tensor& t, const py::dict& keywords) {
+    store::TableHandle& table = table_of(t, "set_table_policy");
+    const store::TablePolicyConfig config = store::policy_from_dict(keywords);
+    py::gil_scoped_release no_gil;
+    table.set_policy(config);
+  });
+  m.def("_table_policy", [](const at::Tensor& t) { return store::policy_to_dict(table_of(t, "table_policy").policy()); });
   m.def("_set_table_lr", [](const at::Tensor& t, double lr) { table_of(t, "set_lr").set_learning_rate(lr); });
   m.def("_table_optimizer_step", [](const at::Tensor& t) { return table_of(t, "optimizer_step").optimizer_step(); });
   m.def("_set_table_optimizer_step", [](const at::Tensor& t, uint64_t step) {

@@ -41,6 +41,8 @@ void LocalTable::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
 void LocalTable::exists(const uint64_t* ids, size_t n, uint8_t* out) const { table_->exists(ids, n, out); }
 void LocalTable::erase(const uint64_t* ids, size_t n) { table_->erase(ids, n); }
 TableStats LocalTable::stats() const { return table_->stats(); }
+void LocalTable::set_policy(const TablePolicyConfig& config) { table_->set_policy(config); }
+TablePolicyConfig LocalTable::policy() const { return table_->policy(); }
 
 void LocalTable::set_optimizer(const OptimizerConfig& config) { table_->set_optimizer(config); }
 OptimizerConfig LocalTable::optimizer() const { return table_->optimizer(); }

@@ -36,6 +36,8 @@ class LocalTable final : public TableHandle {
   void exists(const uint64_t* ids, size_t n, uint8_t* out) const override;
   void erase(const uint64_t* ids, size_t n) override;
   TableStats stats() const override;
+  void set_policy(const TablePolicyConfig& config) override;
+  TablePolicyConfig policy() const override;
 
   void set_optimizer(const OptimizerConfig& config) override;
   OptimizerConfig optimizer() const override;

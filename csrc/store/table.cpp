@@ -1,8 +1,10 @@
 #include "table.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -158,6 +160,18 @@ bool all_finite_values(const T* values, size_t count) {
     for (size_t i = 0; i < count; ++i) finite &= std::isfinite(values[i]);
     return finite;
   }
+}
+
+void require_optimizer(uint64_t table, OptimizerKind kind) {
+  if (kind == OptimizerKind::None) {
+    throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(table) +
+                                                     " has no optimizer: attach one with set_optimizer (" +
+                                                     optimizer_names() + ") before update");
+  }
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -494,8 +508,10 @@ void Table::write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, c
 
 void Table::gather(const uint64_t* ids, size_t n, float* out) {
   check_ids(ids, n);
+  // With a policy, the rows it stores are materialized by now, and the others must stay out.
+  const auto pass = enter_policy(ids, n, Touch::Lookup);
   build_direct_index_if_worth_it();
-  read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::Materialize);
+  read_rows(ids, n, reinterpret_cast<std::byte*>(out), pass ? MissPolicy::ComputeInit : MissPolicy::Materialize);
 }
 
 void Table::peek(const uint64_t* ids, size_t n, float* out) const {
@@ -519,6 +535,16 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: ignoring nan needs the max positions");
   }
   check_ids(ids, num_ids);
+  std::optional<PolicyPass> pass;
+  if (has_policy_.load(std::memory_order_acquire)) {
+    std::vector<uint64_t> touched;
+    touched.reserve(num_ids);
+    for (size_t position = 0; position < num_ids; ++position) {
+      if (!bag.skips(position)) touched.push_back(ids[position]);
+    }
+    pass = enter_policy(touched.data(), touched.size(), Touch::Lookup);
+  }
+  const MissPolicy miss = pass ? MissPolicy::ComputeInit : MissPolicy::Materialize;
   build_direct_index_if_worth_it();
   // Bags are pooled a block at a time: a block holds whole bags and at most kLockedBlockIds ids, unless a
   // single bag is larger.
@@ -539,8 +565,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     if (!pooled) {
       // Some rows are not materialized: gather copies, which materializes them, and pool those.
       gathered.resize(block_ids.size() * dim_);
-      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()),
-                MissPolicy::Materialize);
+      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
       rows.resize(block_ids.size());
       for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
       RowPointers source(rows.data(), rows.size(), dim_);
@@ -565,6 +590,7 @@ bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_
 
 void Table::write(const uint64_t* ids, size_t n, const float* rows) {
   check_ids(ids, n);
+  const auto pass = enter_policy(ids, n, Touch::Write);  // a write stores every row it writes
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   write_rows(ids, n, reinterpret_cast<const std::byte*>(rows));
 }
@@ -586,6 +612,15 @@ void Table::read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const {
 
 void Table::write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) {
   check_byte_range(byte_offset, nbytes);
+  std::optional<PolicyPass> pass;
+  if (has_policy_.load(std::memory_order_acquire) && nbytes > 0) {
+    const uint64_t row_bytes = uint64_t{dim_} * sizeof(float);
+    std::vector<uint64_t> touched;
+    for (uint64_t row = byte_offset / row_bytes; row <= (byte_offset + nbytes - 1) / row_bytes; ++row) {
+      touched.push_back(row);
+    }
+    pass = enter_policy(touched.data(), touched.size(), Touch::Write);
+  }
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   const auto* const source = static_cast<const std::byte*>(data);
   split_into_rows(
@@ -614,7 +649,13 @@ void Table::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
 
 void Table::erase(const uint64_t* ids, size_t n) {
   check_ids(ids, n);
+  std::unique_lock<std::mutex> policy_lock(policy_mutex_);
+  if (policy_) policy_->forget(ids, n);
   std::shared_lock<std::shared_mutex> request(request_mutex_);
+  erase_rows(ids, n);
+}
+
+void Table::erase_rows(const uint64_t* ids, size_t n) {
   const ShardRoute route(ids, n);
   for (size_t s = 0; s < kNumShards; ++s) {
     if (route.begin(s) == route.end(s)) continue;
@@ -635,6 +676,11 @@ void Table::erase(const uint64_t* ids, size_t n) {
 }
 
 TableStats Table::stats() const {
+  PolicyStats policy;
+  {
+    std::lock_guard<std::mutex> lock(policy_mutex_);
+    if (policy_) policy = policy_->stats();
+  }
   TableStats stats{num_rows_,
                    dim_,
                    0,
@@ -647,7 +693,10 @@ TableStats Table::stats() const {
     stats.rows += shard.rows.size();
     stats.bytes += shard.rows.bytes();
   }
-  stats.bytes += direct_index_bytes();
+  stats.bytes += direct_index_bytes() + policy.bytes;
+  stats.evicted = policy.evicted;
+  stats.admitted = policy.admitted;
+  stats.pending = policy.pending;
   return stats;
 }
 
@@ -666,7 +715,7 @@ std::vector<std::unique_lock<std::shared_mutex>> Table::lock_all_shards() const 
 }
 
 Table::ViewLocks Table::lock_for_view() const {
-  ViewLocks locks{std::unique_lock<std::shared_mutex>(request_mutex_), {}};
+  ViewLocks locks{std::unique_lock<std::mutex>(policy_mutex_), std::unique_lock<std::shared_mutex>(request_mutex_), {}};
   locks.shards.reserve(kNumShards);
   for (const Shard& shard : shards_) locks.shards.emplace_back(shard.mutex);
   return locks;
@@ -715,6 +764,8 @@ void Table::set_init(const InitRule& rule) {
   // Declared before the locks, so that the old rows are freed after the locks are released.
   std::vector<RowIndex> dropped;
   dropped.reserve(kNumShards);
+  std::lock_guard<std::mutex> policy_lock(policy_mutex_);
+  if (policy_) policy_->clear();
   auto locks = lock_all_shards();
   std::lock_guard<std::mutex> init_lock(init_mutex_);
   // A moved-from RowIndex is empty, with the same record width.
@@ -749,9 +800,10 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
                          std::to_string(id_) + " with optimizer " + describe(optimizer) + ", which needs " +
                          std::to_string(optimizer_state_words(optimizer.kind, dtype_, dim_)));
   }
+  std::unique_lock<std::mutex> policy_lock(policy_mutex_);
   std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
-  std::lock_guard<std::mutex> init_lock(init_mutex_);
+  std::unique_lock<std::mutex> init_lock(init_mutex_);
   for (size_t s = 0; s < kNumShards; ++s) std::swap(shards_[s].rows, rows.shards_[s]);
   reindex_all_rows();
   state_floats_ = state_floats;
@@ -762,6 +814,18 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   init_stream_ = init_stream;
   optimizer_ = optimizer;
   step_.store(optimizer_step);
+  if (!policy_) return;
+  // The installed rows start fresh in the policy (restore_policy_state brings back their metadata),
+  // held within the budget.
+  policy_->clear();
+  policy_->set_record_bytes(uint64_t{record_floats_} * sizeof(float));
+  policy_->adopt(materialized_ids(), steady_seconds());
+  init_lock.unlock();
+  locks.clear();
+  request.unlock();
+  // Without evict, rows over the budget stay (the rows are installed by now): the next request that
+  // adds a row is refused.
+  if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
 }
 
 // ---- Fused optimizer ----
@@ -776,6 +840,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   const uint32_t new_record_floats = dim_ + new_state_floats;
 
   std::vector<RowIndex> old_rows;  // freed after the locks are released
+  std::unique_lock<std::mutex> policy_lock(policy_mutex_);
   std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
   const bool kind_changed = config.kind != optimizer_.kind;
@@ -821,6 +886,11 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   if (kind_changed) step_.store(0);
   locks.clear();
   request.unlock();
+  if (policy_) {
+    // Wider records shrink a byte budget's rows.
+    policy_->set_record_bytes(uint64_t{new_record_floats} * sizeof(float));
+    if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
+  }
 }
 
 OptimizerConfig Table::optimizer() const {
@@ -860,7 +930,7 @@ void Table::update(const uint64_t* ids, size_t n, const void* grads) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(values)>>;
     std::vector<const T*> rows(n);
     for (size_t i = 0; i < n; ++i) rows[i] = values + i * elements;
-    apply_gradients<T>(ids, n, rows.data(), values, count);
+    apply_gradients_with_policy<T>(ids, n, rows.data(), values, count);
   };
   switch (dtype_) {
     case ElementType::Float32: run(static_cast<const float*>(grads)); return;
@@ -892,18 +962,14 @@ void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
   const PooledGradients gradients(bag, bag_grads, dim_);
-  apply_gradients<float>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
-                         gradients.value_count());
+  apply_gradients_with_policy<float>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
+                                     gradients.value_count());
 }
 
 template <class T>
 void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count) {
   std::shared_lock<std::shared_mutex> request(request_mutex_);
-  if (optimizer_.kind == OptimizerKind::None) {
-    throw StoreError(ErrorCode::InvalidArgument, "table " + std::to_string(id_) +
-                                                     " has no optimizer: attach one with set_optimizer (" +
-                                                     optimizer_names() + ") before update");
-  }
+  require_optimizer(id_, optimizer_.kind);
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
   check_gradients(ids, n, grads, values, value_count, threads);
   const CoalescedGradients<T> coalesced(ids, n, grads, elements_, threads);
@@ -918,6 +984,35 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads
   const RowUpdate rule(optimizer_, step, elements_);
   run_tasks(kNumShards, threads, [&](size_t s) { apply_update<T>(shards_[s], coalesced.rows(s), rule); });
   updates_.fetch_add(coalesced.size(), std::memory_order_relaxed);
+}
+
+template <class T>
+void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
+                                        size_t value_count) {
+  if (!has_policy_.load(std::memory_order_acquire)) {
+    apply_gradients<T>(ids, n, grads, values, value_count);
+    return;
+  }
+  {
+    // What apply_gradients refuses must be refused before the policy records the touches.
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    require_optimizer(id_, optimizer_.kind);
+    check_gradients(ids, n, grads, values, value_count, threads_for(n, kUpdateIdsPerThread));
+  }
+  const auto pass = enter_policy(ids, n, Touch::Update);
+  if (!pass || pass->decision.all_stored) {
+    apply_gradients<T>(ids, n, grads, values, value_count);
+    return;
+  }
+  // Rows pending admission keep their init value: their gradients are dropped.
+  std::vector<uint64_t> stored_ids;
+  std::vector<const T*> stored_grads;
+  for (size_t i = 0; i < n; ++i) {
+    if (!pass->decision.stored[i]) continue;
+    stored_ids.push_back(ids[i]);
+    stored_grads.push_back(grads[i]);
+  }
+  apply_gradients<T>(stored_ids.data(), stored_ids.size(), stored_grads.data(), values, value_count);
 }
 
 template <class T>
@@ -1006,6 +1101,134 @@ uint32_t Table::gather_state(const uint64_t* ids, size_t n, std::vector<float>& 
     }
   }
   return width;
+}
+
+}  // namespace recdev::store
+
+namespace recdev::store {
+
+// ---- Budget, eviction and admission ----
+
+std::optional<Table::PolicyPass> Table::enter_policy(const uint64_t* ids, size_t n, Touch touch) {
+  if (!has_policy_.load(std::memory_order_acquire)) return std::nullopt;
+  std::unique_lock<std::mutex> lock(policy_mutex_);
+  if (!policy_) return std::nullopt;
+  PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds());
+  {
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    erase_rows(decision.victims.data(), decision.victims.size());
+    materialize_rows(decision.admitted.data(), decision.admitted.size());
+  }
+  return PolicyPass{std::move(lock), std::move(decision)};
+}
+
+void Table::materialize_rows(const uint64_t* ids, size_t n) {
+  const ShardRoute route(ids, n);
+  for (size_t s = 0; s < kNumShards; ++s) {
+    if (route.begin(s) == route.end(s)) continue;
+    Shard& shard = shards_[s];
+    std::unique_lock<std::shared_mutex> lock(shard.mutex);
+    for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      materialize(shard, ids[route.position(entry)], route.hash(entry));
+    }
+  }
+}
+
+void Table::evict_now(const std::vector<uint64_t>& victims) {
+  if (victims.empty()) return;
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
+  erase_rows(victims.data(), victims.size());
+}
+
+std::vector<uint64_t> Table::materialized_ids() const {
+  std::vector<uint64_t> ids;
+  for (const Shard& shard : shards_) {
+    shard.rows.for_each([&](uint64_t row_id, const float*) { ids.push_back(row_id); });
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+void Table::set_policy(const TablePolicyConfig& config) {
+  validate_policy(config);
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (!config.active()) {
+    policy_.reset();
+    has_policy_.store(false, std::memory_order_release);
+    return;
+  }
+  const uint64_t record_bytes = uint64_t{record_floats_} * sizeof(float);
+  if (config.max_bytes != 0 && config.max_bytes / (record_bytes + TablePolicy::kRowOverheadBytes) == 0) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "invalid " + describe(config) + ": max_bytes holds no row of table " + std::to_string(id_) +
+                         " (a row costs " + std::to_string(record_bytes + TablePolicy::kRowOverheadBytes) +
+                         " bytes: its record and " + std::to_string(TablePolicy::kRowOverheadBytes) +
+                         " of index and touch metadata)");
+  }
+  const double now = steady_seconds();
+  if (policy_) {
+    const TablePolicyConfig previous = policy_->config();
+    policy_->reconfigure(config);
+    try {
+      evict_now(policy_->enforce(now));
+    } catch (const StoreError&) {
+      policy_->reconfigure(previous);
+      throw;
+    }
+    return;
+  }
+  auto fresh = std::make_unique<TablePolicy>(config, record_bytes);
+  {
+    const auto locks = lock_all_shards();
+    fresh->adopt(materialized_ids(), now);
+  }
+  const std::vector<uint64_t> victims = fresh->enforce(now);
+  policy_ = std::move(fresh);
+  has_policy_.store(true, std::memory_order_release);
+  evict_now(victims);
+}
+
+TablePolicyConfig Table::policy() const {
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  return policy_ ? policy_->config() : TablePolicyConfig{};
+}
+
+std::optional<Table::PolicyState> Table::policy_state() const {
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (!policy_) return std::nullopt;
+  const FrequencySketch* sketch = policy_->sketch();
+  return PolicyState{policy_->config(), policy_->touches(steady_seconds()), policy_->clocks(),
+                     sketch ? sketch->counters() : std::vector<uint16_t>{}, sketch ? sketch->since_aging() : 0};
+}
+
+void Table::restore_policy_state(const PolicyState& state) {
+  validate_policy(state.config);
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  const double now = steady_seconds();
+  auto fresh = std::make_unique<TablePolicy>(state.config, uint64_t{record_floats_} * sizeof(float));
+  std::vector<uint64_t> ids;
+  {
+    const auto locks = lock_all_shards();
+    ids = materialized_ids();
+  }
+  // Metadata of rows the table no longer holds is dropped; rows without metadata are adopted.
+  std::vector<RowTouch> kept;
+  std::vector<uint64_t> kept_ids;
+  for (const RowTouch& row : state.touches) {
+    if (std::binary_search(ids.begin(), ids.end(), row.id)) {
+      kept.push_back(row);
+      kept_ids.push_back(row.id);
+    }
+  }
+  std::sort(kept_ids.begin(), kept_ids.end());
+  std::vector<uint64_t> unknown;
+  std::set_difference(ids.begin(), ids.end(), kept_ids.begin(), kept_ids.end(), std::back_inserter(unknown));
+  fresh->restore(kept, state.clocks, state.sketch.empty() ? nullptr : &state.sketch, state.sketch_since_aging, now);
+  fresh->adopt(unknown, now);
+  const std::vector<uint64_t> victims = fresh->enforce(now);
+  policy_ = std::move(fresh);
+  has_policy_.store(true, std::memory_order_release);
+  evict_now(victims);
 }
 
 }  // namespace recdev::store

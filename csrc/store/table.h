@@ -40,7 +40,13 @@
 // changes (set_init, set_optimizer, install) hold every sub-shard's write lock, which excludes a view
 // too. Without this, a write taking sub-shard locks one at a time could be seen half applied.
 //
-// Lock order: request_mutex_, then sub-shard locks in index order, then init_mutex_.
+// Policy (table_policy.h: budget, eviction, admission): on a table with a policy, every request that
+// touches rows holds policy_mutex_ from its first row to its last (so such requests run one at a
+// time), lets the policy decide, erases the victims and materializes the admitted rows under their
+// sub-shard write locks, then runs as usual on the rows the policy stores. Views hold policy_mutex_
+// too, so a snapshot's rows and touch metadata agree.
+//
+// Lock order: policy_mutex_, request_mutex_, then sub-shard locks in index order, then init_mutex_.
 #pragma once
 
 #include <array>
@@ -48,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -62,6 +69,7 @@
 #include "optimizer.h"
 #include "row_index.h"
 #include "shard_route.h"
+#include "table_policy.h"
 
 namespace recdev::store {
 
@@ -105,6 +113,10 @@ struct TableStats {
   uint64_t reads;   // rows returned by gather, gather_pooled and read_bytes since creation
   uint64_t writes;  // rows written by write and write_bytes since creation
   uint64_t updates; // rows moved by update since creation (distinct rows per call)
+  // With a policy (table_policy.h; bytes then includes its touch metadata and sketch):
+  uint64_t evicted = 0;
+  uint64_t admitted = 0;
+  uint64_t pending = 0;
 };
 
 // What Table::scan reports before the rows: everything a checkpoint records besides them.
@@ -210,6 +222,25 @@ class Table {
   // The bytes of the direct index (0 while the table has none); also counted by stats().bytes.
   size_t direct_index_bytes() const;
 
+  // ---- Budget, eviction and admission (table_policy.h) ----
+
+  // Sets the policy (an inactive config removes it). The rows held are adopted (in id order) and, if
+  // over the new budget, evicted down to it at once; without evict that is StoreError(Full) and the
+  // policy stays as it was. Changing the policy keeps the rows' touch metadata.
+  void set_policy(const TablePolicyConfig& config);
+  TablePolicyConfig policy() const;
+  // The rows' touch metadata and the policy's clocks and sketch, consistent with the rows, for
+  // checkpoints; restore_policy_state installs them after the rows (nullopt if there is no policy).
+  struct PolicyState {
+    TablePolicyConfig config;
+    std::vector<RowTouch> touches;
+    TablePolicy::Clocks clocks;
+    std::vector<uint16_t> sketch;
+    uint64_t sketch_since_aging;
+  };
+  std::optional<PolicyState> policy_state() const;
+  void restore_policy_state(const PolicyState& state);
+
   // ---- Fused optimizer (optimizer.h) ----
 
   // Attaches or replaces the optimizer (OptimizerKind::None detaches it). Materialized rows keep
@@ -303,6 +334,24 @@ class Table {
   };
 
   void check_ids(const uint64_t* ids, size_t n) const;
+  // A request's pass through the policy (see the header comment): holds policy_mutex_ until it is
+  // destroyed; stored says which of its rows are materialized.
+  struct PolicyPass {
+    std::unique_lock<std::mutex> lock;
+    PolicyDecision decision;
+  };
+  std::optional<PolicyPass> enter_policy(const uint64_t* ids, size_t n, Touch touch);
+  // update's core behind the policy: drops the gradients of rows the policy does not store.
+  template <class T>
+  void apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
+                                   size_t value_count);
+  // Erases rows (no checks, request_mutex_ held shared by the caller), and materializes rows.
+  void erase_rows(const uint64_t* ids, size_t n);
+  void materialize_rows(const uint64_t* ids, size_t n);
+  // Erases rows the policy evicted outside a request (set_policy, set_optimizer, install), holding
+  // request_mutex_ shared; under policy_mutex_.
+  void evict_now(const std::vector<uint64_t>& victims);
+  std::vector<uint64_t> materialized_ids() const;  // sorted; under every sub-shard's lock
   // Releases the locks `found` held, then read-locks the sub-shards of ids[0, count), in index order,
   // and finds their records.
   void find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const;
@@ -348,6 +397,7 @@ class Table {
   // What scan and snapshot hold while they read: request_mutex_ exclusively, so that no request is
   // halfway through its rows and the step matches the rows, and every sub-shard's read lock.
   struct ViewLocks {
+    std::unique_lock<std::mutex> policy;
     std::unique_lock<std::shared_mutex> requests;
     std::vector<std::shared_lock<std::shared_mutex>> shards;
   };
@@ -380,6 +430,9 @@ class Table {
   // every lock.
   mutable std::atomic<bool> has_direct_index_{false};
   mutable std::atomic<uint64_t> materialized_{0};
+  mutable std::mutex policy_mutex_;
+  std::unique_ptr<TablePolicy> policy_;  // under policy_mutex_; null without a policy
+  std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> updates_{0};

@@ -53,6 +53,9 @@ class TableHandle {
   virtual void exists(const uint64_t* ids, size_t n, uint8_t* out) const = 0;
   virtual void erase(const uint64_t* ids, size_t n) = 0;
   virtual TableStats stats() const = 0;
+  // Budget, eviction and admission (table_policy.h).
+  virtual void set_policy(const TablePolicyConfig& config) = 0;
+  virtual TablePolicyConfig policy() const = 0;
 
   virtual void set_optimizer(const OptimizerConfig& config) = 0;
   virtual OptimizerConfig optimizer() const = 0;

@@ -29,6 +29,17 @@ def test_short_training_beats_the_majority_baseline(tmp_path):
     assert "1,000,000,000 rows in the table" in out and "materialized" in out
 
 
+def test_training_under_a_row_budget_with_admission(tmp_path):
+    out = _run("--train-samples", "60000", "--test-samples", "10000", "--epochs", "1", "--max-rows", "3000",
+               "--admit-after", "2", "--plot", "")
+    materialized = [int(line.split("rows in the table,")[1].split()[0].replace(",", ""))
+                    for line in out.splitlines() if "materialized" in line]
+    assert materialized and max(materialized) <= 3000, out
+    evicted = int(out.split("admit_after 2: ")[1].split()[0].replace(",", ""))
+    assert evicted > 0, out
+    assert _held_out_auc(out) > 0.6, out  # majority-class baseline: 0.5
+
+
 def test_checkpoint_then_resume_in_a_fresh_process(tmp_path):
     ckpt = tmp_path / "ckpt"
     common = ["--train-samples", "60000", "--test-samples", "10000", "--checkpoint", str(ckpt), "--plot", ""]

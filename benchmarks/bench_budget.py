@@ -1,0 +1,128 @@
+"""Budgets, eviction and admission (issue 20, docs/budgets.md).
+
+- Training step (embedding_bag sum, fused Adagrad, 65,536 ids in bags of 4 from 200,000 ids) on a
+  table with an LRU budget at 50% of the rows the run touches, against the same steps on a table
+  with no policy, same run: target ≤ 1.15× the time.
+- Admission sketch cost: lookups of 100,000 never-admitted ids (admit_after=65535: each counted in
+  the sketch, answered with its init value) against peeking the same ids' init values.
+- A stream of 10^7 distinct ids (dim 16, batches of 50,000) through a 10^6-row LRU budget: rows held
+  against the budget, RSS along the stream, evictions per second."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+import torch_recdev
+from harness import Fact, Row, compare
+from torch_recdev import _C
+
+TOUCHED, NUM_IDS, BAG, DIM, STEPS = 200_000, 65_536, 4, 64, 10
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _training(quick: bool) -> list:
+    steps = 3 if quick else STEPS
+    torch.manual_seed(0)
+    batches = [torch.randint(0, TOUCHED, (NUM_IDS,)) for _ in range(steps)]
+    offsets = torch.arange(0, NUM_IDS, BAG)
+    with torch_recdev.placement("table"):
+        plain = torch.nn.EmbeddingBag(10**8, DIM, mode="sum", device="recdev")
+        budgeted = torch.nn.EmbeddingBag(10**8, DIM, mode="sum", device="recdev")
+    torch_recdev.optim.Adagrad([plain.weight], lr=0.05)
+    torch_recdev.optim.Adagrad([budgeted.weight], lr=0.05)
+    torch_recdev.set_table_policy(budgeted.weight, max_rows=TOUCHED // 2, evict="lru")
+
+    def run_steps(module):
+        def steps_fn():
+            for ids in batches:
+                module(ids, offsets).sum().backward()
+
+        return steps_fn
+
+    budget_s, plain_s = compare(run_steps(budgeted), run_steps(plain), repeat=1 if quick else 2)
+    stats = torch_recdev.table_stats(budgeted.weight)
+    return [
+        Row(f"training step, LRU budget at 50% of {TOUCHED:,} touched rows ({steps} steps)", budget_s,
+            "the same steps, no policy", plain_s, "≤ 1.15× the time", 1 / 1.15),
+        Fact("rows held under the budget / rows held without", f"{stats['rows']:,} / "
+             f"{torch_recdev.table_stats(plain.weight)['rows']:,} ({stats['evicted']:,} evicted)",
+             f"≤ {TOUCHED // 2:,}", stats["rows"] <= TOUCHED // 2),
+    ]
+
+
+def _sketch_cost(quick: bool) -> list:
+    n = 20_000 if quick else 100_000
+    store = _C._store
+    table = store.Store()
+    config = store.TableConfig(num_rows=1 << 40, dim=DIM, init=store.InitRule.normal(0, 0.01, seed=1))
+    pending = table.table(table.create_table(config))
+    plain = table.table(table.create_table(config))
+    pending.set_policy(admit_after=65535)
+    batches = [(torch.arange(n, dtype=torch.int64) + k * n).numpy().astype("uint64") * 7919 for k in range(8)]
+    state = {"k": 0}
+
+    def lookups():
+        pending.gather(batches[state["k"] % len(batches)])
+        state["k"] += 1
+
+    def peeks():
+        plain.peek(batches[state["k"] % len(batches)])
+        state["k"] += 1
+
+    lookup_s, peek_s = compare(lookups, peeks, repeat=3 if quick else 5)
+    per_id_ns = (lookup_s - peek_s) / n * 1e9
+    return [
+        Row(f"lookups of {n:,} ids pending admission (sketch + init value)", lookup_s,
+            "peek of the same ids (init value)", peek_s, "-", 0),
+        Fact("admission sketch cost per id (lookup - peek)", f"{per_id_ns:.0f} ns", "-", True),
+    ]
+
+
+def _stream(quick: bool) -> list:
+    distinct, budget, batch = (10**6, 10**5, 50_000) if quick else (10**7, 10**6, 50_000)
+    store = _C._store
+    s = store.Store()
+    table = s.table(s.create_table(store.TableConfig(num_rows=1 << 40, dim=16)))
+    table.set_policy(max_rows=budget, evict="lru")
+    rss, held = [], []
+    start = time.perf_counter()
+    for first in range(0, distinct, batch):
+        ids = (torch.arange(first, first + batch, dtype=torch.int64) * 7919).numpy().astype("uint64")
+        table.gather(ids)
+        held.append(table.stats().rows)
+        if (first + batch) % (distinct // 4) == 0:
+            rss.append(_rss_bytes())
+    seconds = time.perf_counter() - start
+    stats = table.stats()
+    worst = max(held[len(held) // 10:])
+    rss_text = " → ".join(f"{r / 2**20:.0f}" for r in rss)
+    return [
+        Fact(f"{distinct:,} distinct ids through a {budget:,}-row LRU budget: rows held (max after the first 10%)",
+             f"{worst:,} ({(worst - budget) / budget:+.2%})", "within 1% of the budget",
+             abs(worst - budget) <= budget // 100),
+        Fact("RSS at 25/50/75/100% of the stream (MiB)", rss_text, "flat (last ≤ 1.1× the 25% point)",
+             rss[-1] <= 1.1 * rss[0]),
+        Fact("evictions per second (whole stream)", f"{stats.evicted / seconds / 1e6:.2f} M/s "
+             f"({stats.evicted:,} in {seconds:.1f} s)", "-", True),
+        Fact("table bytes held at the end (records, index, touch metadata)", f"{stats.bytes / 2**20:.0f} MiB", "-",
+             True),
+    ]
+
+
+def run(quick: bool = False) -> list:
+    return _training(quick) + _sketch_cost(quick) + _stream(quick)
+
+
+if __name__ == "__main__":
+    import sys
+
+    import harness
+
+    print(harness.markdown("Budgets, eviction and admission", run(quick="--quick" in sys.argv)))

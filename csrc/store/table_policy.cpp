@@ -1,0 +1,383 @@
+#include "table_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "errors.h"
+#include "mix64.h"
+
+namespace recdev::store {
+namespace {
+
+constexpr uint64_t kNoBudget = std::numeric_limits<uint64_t>::max();
+constexpr uint32_t kMaxAdmitAfter = std::numeric_limits<uint16_t>::max();
+constexpr uint32_t kMinSketchWidth = 16;
+constexpr uint32_t kMaxSketchWidth = 1u << 26;
+
+enum class Status : uint8_t { Resident, Admit, Pending };
+
+// A request's distinct ids: an open-addressing set from id to its first position among them, without
+// an allocation per id (a batch has tens of thousands).
+class DistinctIds {
+ public:
+  explicit DistinctIds(size_t n) {
+    size_t capacity = 16;
+    while (capacity < 2 * n) capacity *= 2;
+    keys_.assign(capacity, kEmpty);
+    slots_.resize(capacity);
+    mask_ = capacity - 1;
+  }
+  // {slot of id, whether it is new}; a new id gets slot `next`.
+  std::pair<uint32_t, bool> insert(uint64_t id, uint32_t next) {
+    for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == id) return {slots_[i], false};
+      if (keys_[i] == kEmpty) {
+        keys_[i] = id;
+        slots_[i] = next;
+        return {next, true};
+      }
+    }
+  }
+  bool contains(uint64_t id) const {
+    for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == id) return true;
+      if (keys_[i] == kEmpty) return false;
+    }
+  }
+
+ private:
+  // No row id is UINT64_MAX: num_rows is at most UINT64_MAX, so ids are below it.
+  static constexpr uint64_t kEmpty = std::numeric_limits<uint64_t>::max();
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> slots_;
+  size_t mask_;
+};
+
+std::string format_seconds(double seconds) {
+  std::string text = std::to_string(seconds);
+  while (text.size() > 1 && text.back() == '0') text.pop_back();
+  if (!text.empty() && text.back() == '.') text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+bool operator==(const TablePolicyConfig& lhs, const TablePolicyConfig& rhs) {
+  return lhs.max_rows == rhs.max_rows && lhs.max_bytes == rhs.max_bytes && lhs.evict == rhs.evict &&
+         lhs.half_life == rhs.half_life && lhs.ttl_steps == rhs.ttl_steps && lhs.ttl_seconds == rhs.ttl_seconds &&
+         lhs.admit_after == rhs.admit_after && lhs.sketch_width == rhs.sketch_width;
+}
+
+std::string evict_name(EvictKind kind) {
+  switch (kind) {
+    case EvictKind::None: return "none";
+    case EvictKind::Lru: return "lru";
+    case EvictKind::Lfu: return "lfu";
+    case EvictKind::Ttl: return "ttl";
+  }
+  return "unknown";
+}
+
+std::string describe(const TablePolicyConfig& config) {
+  std::string text = "TablePolicy(max_rows=" + std::to_string(config.max_rows) +
+                     ", max_bytes=" + std::to_string(config.max_bytes) + ", evict=" + evict_name(config.evict);
+  if (config.evict == EvictKind::Lfu) text += ", half_life=" + format_seconds(config.half_life);
+  if (config.ttl_steps != 0) text += ", ttl=" + std::to_string(config.ttl_steps) + " steps";
+  if (config.ttl_seconds != 0) text += ", ttl=" + format_seconds(config.ttl_seconds) + " s";
+  return text + ", admit_after=" + std::to_string(config.admit_after) + ")";
+}
+
+void validate_policy(const TablePolicyConfig& config) {
+  const auto invalid = [&](const std::string& problem) {
+    throw StoreError(ErrorCode::InvalidArgument, "invalid " + describe(config) + ": " + problem);
+  };
+  if (uint8_t(config.evict) > uint8_t(EvictKind::Ttl)) invalid("unknown evict policy; use lru, lfu, ttl or none");
+  const bool has_ttl = config.ttl_steps != 0 || config.ttl_seconds != 0;
+  if (config.evict == EvictKind::Ttl) {
+    if (!has_ttl) invalid("evict='ttl' needs a ttl (steps, or seconds)");
+    if (config.ttl_steps != 0 && config.ttl_seconds != 0) invalid("give the ttl in steps or in seconds, not both");
+    if (!(config.ttl_seconds >= 0) || !std::isfinite(config.ttl_seconds)) invalid("ttl seconds must be finite and > 0");
+  } else if (has_ttl) {
+    invalid("a ttl needs evict='ttl'");
+  }
+  if ((config.evict == EvictKind::Lru || config.evict == EvictKind::Lfu) && config.max_rows == 0 &&
+      config.max_bytes == 0) {
+    invalid("evict='" + evict_name(config.evict) + "' needs a budget: max_rows or max_bytes");
+  }
+  if (config.evict == EvictKind::Lfu && !(config.half_life > 0 && std::isfinite(config.half_life))) {
+    invalid("lfu's half_life (in steps) must be finite and > 0");
+  }
+  if (config.admit_after < 1 || config.admit_after > kMaxAdmitAfter) {
+    invalid("admit_after must be in [1, " + std::to_string(kMaxAdmitAfter) + "]");
+  }
+  const uint32_t width = config.sketch_width;
+  if (width < kMinSketchWidth || width > kMaxSketchWidth || (width & (width - 1)) != 0) {
+    invalid("sketch_width must be a power of two in [" + std::to_string(kMinSketchWidth) + ", " +
+            std::to_string(kMaxSketchWidth) + "]");
+  }
+}
+
+TablePolicy::TablePolicy(const TablePolicyConfig& config, uint64_t record_bytes) : record_bytes_(record_bytes) {
+  reconfigure(config);
+}
+
+void TablePolicy::reconfigure(const TablePolicyConfig& config) {
+  validate_policy(config);
+  const bool rescore = config.evict != config_.evict || config.half_life != config_.half_life;
+  if (config.admit_after <= 1) {
+    sketch_.reset();
+  } else if (!sketch_ || sketch_->width() != config.sketch_width) {
+    sketch_ = std::make_unique<FrequencySketch>(config.sketch_width);
+  }
+  config_ = config;
+  if (rescore && !rows_.empty()) {
+    // The order's keys depend on the kind: one touch count per row at its last step.
+    for (auto& [id, meta] : rows_) {
+      meta.score = config_.evict == EvictKind::Lfu ? double(meta.step) / config_.half_life : 0.0;
+    }
+    relink_all();
+  }
+}
+
+void TablePolicy::link(Node* node) {
+  if (!uses_list()) {
+    order_.insert(key_of(node->first, node->second));
+    return;
+  }
+  node->second.older = newest_;
+  node->second.newer = nullptr;
+  (newest_ != nullptr ? newest_->second.newer : oldest_) = node;
+  newest_ = node;
+}
+
+void TablePolicy::unlink(Node* node) {
+  if (!uses_list()) {
+    order_.erase(key_of(node->first, node->second));
+    return;
+  }
+  Meta& meta = node->second;
+  (meta.older != nullptr ? meta.older->second.newer : oldest_) = meta.newer;
+  (meta.newer != nullptr ? meta.newer->second.older : newest_) = meta.older;
+}
+
+void TablePolicy::relink_all() {
+  std::vector<Node*> nodes;
+  nodes.reserve(rows_.size());
+  for (Node& node : rows_) nodes.push_back(&node);
+  std::sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) {
+    return key_of(a->first, a->second) < key_of(b->first, b->second);
+  });
+  order_.clear();
+  oldest_ = newest_ = nullptr;
+  for (Node* node : nodes) link(node);
+}
+
+template <class Fn>
+void TablePolicy::walk(Fn fn) const {
+  if (uses_list()) {
+    for (const Node* node = oldest_; node != nullptr;) {
+      const Node* newer = node->second.newer;  // fn may not remove rows, but read it first anyway
+      if (!fn(node->first, node->second)) return;
+      node = newer;
+    }
+    return;
+  }
+  for (const Key& key : order_) {
+    if (!fn(key.id, rows_.at(key.id))) return;
+  }
+}
+
+uint64_t TablePolicy::row_budget() const {
+  uint64_t budget = config_.max_rows != 0 ? config_.max_rows : kNoBudget;
+  if (config_.max_bytes != 0) budget = std::min(budget, config_.max_bytes / (record_bytes_ + kRowOverheadBytes));
+  return budget;
+}
+
+double TablePolicy::touched_score(const Meta* old) const {
+  if (config_.evict != EvictKind::Lfu) return 0.0;
+  const double now = double(step_) / config_.half_life;
+  if (old == nullptr) return now;
+  return std::log2(std::pow(2.0, old->score - now) + 1.0) + now;
+}
+
+bool TablePolicy::expired(const Meta& meta, double now) const {
+  if (config_.evict != EvictKind::Ttl) return false;
+  if (config_.ttl_steps != 0) return step_ - meta.step > config_.ttl_steps;
+  return now - meta.time > config_.ttl_seconds;
+}
+
+void TablePolicy::touch(uint64_t id, uint64_t tick, double now) {
+  auto found = rows_.find(id);
+  if (found != rows_.end()) {
+    unlink(&*found);
+    found->second = Meta{tick, step_, now, touched_score(&found->second)};
+  } else {
+    found = rows_.emplace(id, Meta{tick, step_, now, touched_score(nullptr)}).first;
+  }
+  link(&*found);
+}
+
+void TablePolicy::remove(uint64_t id) {
+  const auto found = rows_.find(id);
+  if (found == rows_.end()) return;
+  unlink(&*found);
+  rows_.erase(found);
+}
+
+PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now) {
+  const uint64_t saved_step = step_;
+  if (touch_kind == Touch::Update) ++step_;  // undone below if the request is refused
+  // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
+  DistinctIds index_of(n);
+  std::vector<uint64_t> distinct;
+  std::vector<Status> status;
+  std::vector<uint32_t> sketch_cells;
+  uint64_t stored_count = 0;
+  uint64_t new_count = 0;
+  uint64_t increments = 0;
+  PolicyDecision decision;
+  decision.stored.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
+    if (created) {
+      const uint64_t id = ids[i];
+      const auto found = rows_.find(id);
+      Status s;
+      if (found != rows_.end() && !expired(found->second, now)) {
+        s = Status::Resident;
+      } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
+        s = Status::Admit;
+      } else if (touch_kind == Touch::Lookup) {
+        ++increments;
+        s = sketch_->increment(id, sketch_cells) >= config_.admit_after ? Status::Admit : Status::Pending;
+      } else {
+        s = Status::Pending;
+      }
+      distinct.push_back(id);
+      status.push_back(s);
+      stored_count += s != Status::Pending;
+      new_count += s == Status::Admit;
+    }
+    decision.stored[i] = status[slot] != Status::Pending;
+    decision.all_stored = decision.all_stored && decision.stored[i];
+  }
+  const uint64_t budget = row_budget();
+  const auto refuse = [&](ErrorCode code, const std::string& message) {
+    if (sketch_) sketch_->rollback(sketch_cells);
+    step_ = saved_step;
+    throw StoreError(code, message + "; nothing was applied");
+  };
+  if (stored_count > budget) {
+    refuse(ErrorCode::InvalidArgument,
+           "a request touching " + std::to_string(stored_count) + " distinct rows cannot fit the budget of " +
+               std::to_string(budget) + " rows (" + describe(config_) +
+               "): split the batch, or raise max_rows / max_bytes");
+  }
+  if (config_.evict == EvictKind::None && rows_.size() + new_count > budget) {
+    refuse(ErrorCode::Full, "the request would materialize " + std::to_string(new_count) + " rows beyond the " +
+                                std::to_string(rows_.size()) + " held, past the budget of " + std::to_string(budget) +
+                                " rows (" + describe(config_) +
+                                "), and the table has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise "
+                                "the budget");
+  }
+
+  // From here on nothing throws but bad_alloc.
+  walk([&](uint64_t id, const Meta& meta) {
+    if (!expired(meta, now)) return false;
+    decision.victims.push_back(id);
+    return true;
+  });
+  for (const uint64_t id : decision.victims) remove(id);
+  // Victims first (never rows of this request), then the request's rows touched in first-occurrence
+  // order, so that the recency list stays in tick order.
+  if (budget != kNoBudget && rows_.size() + new_count > budget) {
+    uint64_t excess = rows_.size() + new_count - budget;
+    const size_t first_victim = decision.victims.size();
+    walk([&](uint64_t id, const Meta&) {
+      if (index_of.contains(id)) return true;  // a row of this request
+      decision.victims.push_back(id);
+      return --excess > 0;
+    });
+    for (size_t v = first_victim; v < decision.victims.size(); ++v) remove(decision.victims[v]);
+  }
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    if (status[d] == Status::Pending) {
+      ++pending_;
+      continue;
+    }
+    if (status[d] == Status::Admit) decision.admitted.push_back(distinct[d]);
+    touch(distinct[d], ++tick_, now);
+  }
+  evicted_ += decision.victims.size();
+  admitted_ += decision.admitted.size();
+  if (sketch_) sketch_->note_increments(increments);
+  return decision;
+}
+
+void TablePolicy::adopt(const std::vector<uint64_t>& ids, double now) {
+  for (const uint64_t id : ids) touch(id, ++tick_, now);
+}
+
+std::vector<uint64_t> TablePolicy::enforce(double now) {
+  const uint64_t budget = row_budget();
+  if (config_.evict == EvictKind::None && budget != kNoBudget && rows_.size() > budget) {
+    throw StoreError(ErrorCode::Full, "the table holds " + std::to_string(rows_.size()) +
+                                          " rows, more than the budget of " + std::to_string(budget) + " rows (" +
+                                          describe(config_) +
+                                          "), and has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise the "
+                                          "budget");
+  }
+  std::vector<uint64_t> victims;
+  uint64_t excess = budget != kNoBudget && rows_.size() > budget ? rows_.size() - budget : 0;
+  walk([&](uint64_t id, const Meta& meta) {
+    if (excess == 0 && !expired(meta, now)) return false;
+    victims.push_back(id);
+    if (excess > 0) --excess;
+    return true;
+  });
+  for (const uint64_t id : victims) remove(id);
+  evicted_ += victims.size();
+  return victims;
+}
+
+void TablePolicy::forget(const uint64_t* ids, size_t n) {
+  for (size_t i = 0; i < n; ++i) remove(ids[i]);
+}
+
+void TablePolicy::clear() {
+  order_.clear();
+  oldest_ = newest_ = nullptr;
+  rows_.clear();
+}
+
+PolicyStats TablePolicy::stats() const {
+  return PolicyStats{evicted_, admitted_, pending_, *metadata_bytes_ + (sketch_ ? sketch_->bytes() : 0)};
+}
+
+std::vector<RowTouch> TablePolicy::touches(double now) const {
+  std::vector<RowTouch> out;
+  out.reserve(rows_.size());
+  walk([&](uint64_t id, const Meta& meta) {
+    out.push_back(RowTouch{id, meta.tick, meta.step, now - meta.time, meta.score});
+    return true;
+  });
+  return out;
+}
+
+void TablePolicy::restore(const std::vector<RowTouch>& touches, const Clocks& clocks,
+                          const std::vector<uint16_t>* sketch, uint64_t sketch_since_aging, double now) {
+  clear();
+  for (const RowTouch& row : touches) {
+    link(&*rows_.emplace(row.id, Meta{row.tick, row.step, now - row.time, row.score}).first);
+  }
+  tick_ = clocks.tick;
+  step_ = clocks.step;
+  evicted_ = clocks.evicted;
+  admitted_ = clocks.admitted;
+  pending_ = clocks.pending;
+  if (sketch_ && sketch != nullptr) sketch_->restore(*sketch, sketch_since_aging);
+}
+
+}  // namespace recdev::store

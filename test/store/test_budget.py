@@ -1,0 +1,307 @@
+"""Budgets, eviction and admission (csrc/store/table_policy.h) against the Python reference model
+(policy_model.py): the same requests hold the same rows after every request, evict the same number of
+rows and admit the same rows; bad budgets are refused with nothing applied."""
+
+import threading
+
+import numpy as np
+import pytest
+from policy_model import PolicyModel
+
+NUM_IDS = 300
+DIM = 4
+
+
+@pytest.fixture
+def policy_table(store_mod):
+    """policy_table(**policy) -> (table, twin): a table with the policy and an SGD optimizer, and a
+    table without either that has the same init values (same init stream)."""
+
+    def make(**policy):
+        store = store_mod.Store()
+        config = store_mod.TableConfig(num_rows=NUM_IDS, dim=DIM, init=store_mod.InitRule.normal(0, 1, seed=5))
+        table = store.table(store.create_table(config, init_stream=77))
+        twin = store.table(store.create_table(config, init_stream=77))
+        table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.5, weight_decay=0.0))
+        table.set_policy(**policy)
+        return table, twin
+
+    return make
+
+
+def held(table):
+    return set(np.flatnonzero(table.exists(np.arange(NUM_IDS, dtype=np.uint64))).tolist())
+
+
+def run_against_model(table, model, rng, requests=300, skewed=True):
+    """Random lookups and updates (batches with repeats, a skewed id distribution); checks after each."""
+    for _ in range(requests):
+        n = int(rng.integers(1, 9))
+        ids = (rng.zipf(1.3, size=n) % NUM_IDS if skewed else rng.integers(0, NUM_IDS, size=n)).astype(np.uint64)
+        if rng.random() < 0.5:
+            table.gather(ids)
+            model.request(ids, "lookup")
+        else:
+            table.update(ids, np.ones((n, DIM), np.float32))
+            model.request(ids, "update")
+        assert held(table) == set(model.rows)
+        stats = table.stats()
+        assert stats.rows == len(model.rows)
+        assert stats.evicted == len(model.evicted)
+        assert stats.admitted == len(model.admitted)
+        assert stats.pending == model.pending
+        if model.max_rows is not None:
+            assert stats.rows <= model.max_rows
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        dict(max_rows=20, evict="lru"),
+        dict(max_rows=20, evict="lfu", half_life=3.0),
+        dict(max_rows=20, evict="lfu", half_life=1000.0),
+        dict(evict="ttl", ttl_steps=4),
+        dict(max_rows=15, evict="ttl", ttl_steps=6),
+        dict(max_rows=20, evict="lru", admit_after=3, sketch_width=16),
+        dict(admit_after=2, sketch_width=16),
+    ],
+)
+def test_policy_matches_the_reference_model(policy_table, rng, policy):
+    table, _ = policy_table(**policy)
+    model = PolicyModel(
+        max_rows=policy.get("max_rows"),
+        evict=policy.get("evict"),
+        half_life=policy.get("half_life", 1000.0),
+        ttl=policy.get("ttl_steps"),
+        admit_after=policy.get("admit_after", 1),
+        sketch_width=policy.get("sketch_width", 1 << 16),
+    )
+    run_against_model(table, model, rng)
+    assert model.evicted or policy.get("evict") is None  # the stream did exercise eviction
+
+
+def test_lru_victims_in_order(policy_table):
+    table, _ = policy_table(max_rows=3, evict="lru")
+    for i in (1, 2, 3):
+        table.gather(np.array([i], np.uint64))
+    table.gather(np.array([1], np.uint64))  # 2 is now the least recent
+    table.gather(np.array([4, 5], np.uint64))
+    assert held(table) == {1, 4, 5}
+
+
+def test_lfu_keeps_the_frequent_row_and_decays(policy_table):
+    table, _ = policy_table(max_rows=2, evict="lfu", half_life=2.0)
+    for _ in range(3):
+        table.update(np.array([7], np.uint64), np.ones((1, DIM), np.float32))
+    table.update(np.array([8], np.uint64), np.ones((1, DIM), np.float32))
+    table.update(np.array([9], np.uint64), np.ones((1, DIM), np.float32))  # 8 (count 1) goes, not 7
+    assert held(table) == {7, 9}
+    for _ in range(10):  # five half-lives later 7's count is ~0.07: below a row touched once now
+        table.update(np.array([9], np.uint64), np.ones((1, DIM), np.float32))
+    table.update(np.array([10], np.uint64), np.ones((1, DIM), np.float32))
+    assert held(table) == {9, 10}
+
+
+def test_evicted_and_pending_rows_read_as_their_init_value(policy_table):
+    table, twin = policy_table(max_rows=4, evict="lru", admit_after=2)
+    ids = np.arange(8, dtype=np.uint64)
+    init = twin.peek(ids)
+    np.testing.assert_array_equal(table.gather(ids[:4]), init[:4])  # first lookup: pending, init value
+    assert held(table) == set()
+    table.update(ids[:4], np.ones((4, DIM), np.float32))  # pending rows: the gradients are dropped
+    np.testing.assert_array_equal(table.peek(ids[:4]), init[:4])
+    table.gather(ids[:4])  # second lookup: admitted
+    table.update(ids[:4], np.ones((4, DIM), np.float32))
+    np.testing.assert_allclose(table.peek(ids[:4]), init[:4] - 0.5)
+    table.gather(ids[4:])
+    table.gather(ids[4:])  # admitted, evicting 0..3
+    assert held(table) == {4, 5, 6, 7}
+    np.testing.assert_array_equal(table.peek(ids[:4]), init[:4])
+    np.testing.assert_array_equal(table.gather_state(ids[:4]), np.zeros((4, 0), np.float32))
+
+
+def test_writes_are_admitted_at_once_and_count_against_the_budget(policy_table):
+    table, _ = policy_table(max_rows=3, evict="lru", admit_after=5)
+    table.write(np.array([1, 2, 3, 4], np.uint64)[:3], np.ones((3, DIM), np.float32))
+    assert held(table) == {1, 2, 3}
+    table.write_bytes(4 * DIM * 4, np.full(DIM, 2, np.float32).tobytes())  # row 4
+    assert held(table) == {2, 3, 4}
+
+
+def test_budget_without_evict_refuses_the_batch_that_would_pass_it(policy_table, store_mod):
+    table, _ = policy_table(max_rows=5)
+    table.gather(np.arange(4, dtype=np.uint64))
+    before = table.stats()
+    with pytest.raises(store_mod.StoreFullError, match="no evict policy"):
+        table.gather(np.arange(2, 6, dtype=np.uint64))
+    with pytest.raises(store_mod.StoreFullError, match="no evict policy"):
+        table.update(np.arange(2, 6, dtype=np.uint64), np.ones((4, DIM), np.float32))
+    assert held(table) == {0, 1, 2, 3}
+    assert table.stats().reads == before.reads and table.stats().updates == before.updates
+    table.gather(np.arange(2, 5, dtype=np.uint64))  # exactly at the budget
+    assert len(held(table)) == 5
+
+
+def test_a_batch_larger_than_the_budget_is_refused(policy_table):
+    table, _ = policy_table(max_rows=4, evict="lru", admit_after=2)
+    table.gather(np.arange(3, dtype=np.uint64))
+    table.gather(np.arange(3, dtype=np.uint64))
+    with pytest.raises(ValueError, match="5 distinct rows cannot fit the budget of 4"):
+        table.write(np.arange(10, 15, dtype=np.uint64), np.ones((5, DIM), np.float32))
+    assert held(table) == {0, 1, 2}
+    assert table.stats().evicted == 0
+    # Pending rows do not count: 5 lookups of new rows, none admitted yet, is fine.
+    table.gather(np.arange(10, 15, dtype=np.uint64))
+    assert held(table) == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        (dict(evict="lru"), "needs a budget"),
+        (dict(evict="ttl"), "needs a ttl"),
+        (dict(max_rows=5, ttl_steps=3), "needs evict='ttl'"),
+        (dict(evict="ttl", ttl_steps=3, ttl_seconds=1.0), "not both"),
+        (dict(max_rows=5, evict="lfu", half_life=0.0), "half_life"),
+        (dict(admit_after=0), "admit_after"),
+        (dict(admit_after=2, sketch_width=100), "power of two"),
+        (dict(max_bytes=8), "holds no row"),
+        (dict(evict="mru"), "unknown evict policy"),
+        (dict(max_rows=-1), "max_rows must be >= 0"),
+        (dict(max_row=5), "unknown table policy key"),
+    ],
+)
+def test_bad_policies_are_refused(policy_table, store_mod, policy, message):
+    table, _ = policy_table()
+    with pytest.raises(ValueError, match=message):
+        table.set_policy(**policy)
+    assert table.policy["evict"] is None and table.policy["max_rows"] is None
+
+
+def test_a_smaller_budget_evicts_at_once_and_keeps_the_order(policy_table, store_mod):
+    table, _ = policy_table(max_rows=10, evict="lru")
+    for i in range(10):
+        table.gather(np.array([i], np.uint64))
+    table.set_policy(max_rows=4, evict="lru")
+    assert held(table) == {6, 7, 8, 9}
+    with pytest.raises(store_mod.StoreFullError, match="no evict policy"):  # the policy stays
+        table.set_policy(max_rows=2)
+    assert held(table) == {6, 7, 8, 9}
+    assert table.policy == dict(
+        max_rows=4, max_bytes=None, evict="lru", half_life=1000.0, ttl_steps=None, ttl_seconds=None,
+        admit_after=1, sketch_width=1 << 16,
+    )
+
+
+def test_a_policy_adopts_the_rows_already_held(policy_table):
+    table, _ = policy_table()
+    table.gather(np.arange(10, dtype=np.uint64))
+    table.set_policy(max_rows=6, evict="lru")  # adopted in id order: 0..3 are the least recent
+    assert held(table) == set(range(4, 10))
+    assert table.stats().evicted == 4
+    table.set_policy()
+    table.gather(np.arange(20, dtype=np.uint64))
+    assert len(held(table)) == 20
+
+
+def test_max_bytes_budget(policy_table, store_mod):
+    table, _ = policy_table(max_bytes=10 * (DIM * 4 + 128), evict="lru")
+    table.gather(np.arange(30, dtype=np.uint64)[:10])
+    table.gather(np.arange(10, 15, dtype=np.uint64))
+    assert len(held(table)) == 10
+    table.set_optimizer(store_mod.OptimizerConfig.adagrad(lr=0.1))
+    assert len(held(table)) == (10 * (DIM * 4 + 128)) // ((2 * DIM) * 4 + 128)  # wider records: fewer rows
+
+
+def test_ttl_in_seconds(policy_table):
+    import time
+
+    table, _ = policy_table(evict="ttl", ttl_seconds=0.2)
+    table.gather(np.arange(5, dtype=np.uint64))
+    time.sleep(0.3)
+    table.gather(np.array([7], np.uint64))
+    assert held(table) == {7}
+
+
+def test_touch_metadata_is_counted_in_bytes(policy_table):
+    table, _ = policy_table()
+    table.gather(np.arange(200, dtype=np.uint64))
+    plain = table.stats().bytes
+    table.set_policy(max_rows=250, evict="lru")
+    assert table.stats().bytes >= plain + 200 * 32  # at least an id, a tick, a step and a score per row
+    table.set_policy()
+    assert table.stats().bytes == plain
+
+
+def test_a_million_new_ids_through_a_budget_of_ten_thousand(store_mod):
+    store = store_mod.Store()
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, dim=8)))
+    table.set_policy(max_rows=10_000, evict="lru")
+    bytes_seen = []
+    for batch in range(200):
+        ids = np.arange(batch * 5000, (batch + 1) * 5000, dtype=np.uint64) * 7919
+        table.gather(ids)
+        stats = table.stats()
+        assert stats.rows == min(10_000, (batch + 1) * 5000)
+        bytes_seen.append(stats.bytes)
+    assert stats.evicted == 1_000_000 - 10_000
+    settled = bytes_seen[20:]
+    assert max(settled) <= 1.1 * min(settled)  # flat: memory follows the budget, not the ids seen
+
+
+def test_concurrent_requests_see_no_torn_row_and_counts_agree(store_mod):
+    store = store_mod.Store()
+    dim = 32
+    table = store.table(
+        store.create_table(store_mod.TableConfig(num_rows=5000, dim=dim, init=store_mod.InitRule.constant(-1.0)))
+    )
+    table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=1.0, weight_decay=0.0))
+    table.set_policy(max_rows=200, evict="lru")
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(150):
+                ids = rng.integers(0, 5000, size=64).astype(np.uint64)
+                op = rng.integers(3)
+                if op == 0:
+                    table.write(ids, np.repeat(ids.astype(np.float32)[:, None], dim, axis=1))
+                elif op == 1:
+                    table.update(ids, np.ones((len(ids), dim), np.float32))
+                else:
+                    rows = table.gather(ids)
+                    # Every row is uniform: written whole, moved whole, or the init value.
+                    assert (rows == rows[:, :1]).all(), "torn row"
+                assert table.stats().rows <= 200
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    stats = table.stats()
+    assert stats.rows == len(held_all(table, 5000)) <= 200
+    assert stats.admitted - stats.evicted == stats.rows
+
+
+def held_all(table, num_rows):
+    return np.flatnonzero(table.exists(np.arange(num_rows, dtype=np.uint64)))
+
+
+def test_policy_state_carries_the_order_to_a_restored_table(policy_table, store_mod, tmp_path, rng):
+    table, _ = policy_table(max_rows=20, evict="lfu", half_life=5.0, admit_after=2, sketch_width=16)
+    model = PolicyModel(max_rows=20, evict="lfu", half_life=5.0, admit_after=2, sketch_width=16)
+    run_against_model(table, model, rng, requests=100)
+    state = table.policy_state()
+    assert state.rows == len(model.rows)
+    store_mod.save_table(tmp_path / "t.ckpt", table)
+    restored, _ = policy_table()
+    store_mod.load_table(tmp_path / "t.ckpt", restored)
+    restored.restore_policy_state(state)
+    assert restored.policy == table.policy
+    # The restored table goes on evicting and admitting exactly as the original and the model.
+    run_against_model(restored, model, rng, requests=100)

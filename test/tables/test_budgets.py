@@ -1,0 +1,131 @@
+"""The Python API of budgets, eviction and admission: ops.init_embedding_table(..., max_rows=, ...),
+torch_recdev.set_table_policy / table_policy on module tables, table_stats, and bad input."""
+
+import datetime
+import uuid
+
+import pytest
+import torch
+
+import torch_recdev
+from torch_recdev import ops
+
+
+@pytest.fixture
+def store_backend(monkeypatch):
+    """Embedded only (overrides test/conftest.py's): remote tables do not carry a policy yet; the last
+    test checks that they refuse one clearly."""
+    monkeypatch.delenv("RECDEV_SERVERS", raising=False)
+    torch_recdev.connect(None)
+    yield "embedded"
+
+
+def _name():
+    return f"budget_{uuid.uuid4().hex}"
+
+
+def test_init_embedding_table_with_a_budget_keeps_it_after_every_batch():
+    table = ops.init_embedding_table(_name(), 10**9, 8, init=torch_recdev.Normal(0, 0.1), max_rows=100, evict="lru",
+                                     optimizer=("sgd", {"lr": 0.1}))
+    for step in range(20):
+        keys = torch.arange(step * 30, step * 30 + 30)
+        ops.emb_read(table, keys)
+        ops.emb_update(table, keys, torch.ones(30, 8))
+        assert torch_recdev.table_stats(table)["rows"] <= 100
+    stats = torch_recdev.table_stats(table)
+    assert stats["rows"] == 100
+    assert stats["evicted"] == 600 - 100
+    assert stats["admitted"] == 600
+    assert stats["policy"]["max_rows"] == 100 and stats["policy"]["evict"] == "lru"
+    assert ops.emb_exists(table, torch.tensor([0, 599])).tolist() == [False, True]
+    assert torch_recdev.table_policy(table) == dict(max_rows=100, max_bytes=None, evict="lru", ttl=None,
+                                                    admit_after=1)
+
+
+def test_a_module_table_under_admission_trains_only_admitted_rows():
+    with torch_recdev.placement("table"):
+        embedding = torch.nn.Embedding(1000, 4, device="recdev")
+    weight = embedding.weight
+    torch_recdev.set_table_policy(weight, max_rows=50, evict="lfu", half_life=10, admit_after=2)
+    assert torch_recdev.table_policy(weight)["half_life"] == 10.0
+    optimizer = torch_recdev.optim.SGD([weight], lr=0.5)
+    ids = torch.tensor([3, 4, 5])
+    initial = weight.detach().cpu()[ids]  # a copy to CPU peeks: not a lookup, nothing admitted
+    for expected_rows in (0, 3):
+        optimizer.zero_grad()
+        embedding(ids).sum().backward()
+        optimizer.step()
+        assert torch_recdev.table_stats(weight)["rows"] == expected_rows
+    # The first step's gradients were dropped (rows pending), the second's applied.
+    torch.testing.assert_close(weight.detach().cpu()[ids], initial - 0.5)
+    assert torch_recdev.table_stats(weight)["pending"] >= 3
+
+
+def test_ttl_as_a_timedelta_and_removing_the_policy():
+    table = ops.init_embedding_table(_name(), 1000, 4, evict="ttl", ttl=datetime.timedelta(minutes=5))
+    assert torch_recdev.table_policy(table)["ttl"] == datetime.timedelta(minutes=5)
+    torch_recdev.set_table_policy(table)
+    assert torch_recdev.table_policy(table) == dict(max_rows=None, max_bytes=None, evict=None, ttl=None,
+                                                    admit_after=1)
+
+
+def test_budget_without_evict_is_an_error_at_the_batch_that_passes_it():
+    table = ops.init_embedding_table(_name(), 1000, 4, max_rows=10)
+    ops.emb_read(table, torch.arange(10))
+    with pytest.raises(MemoryError, match="no evict policy"):
+        ops.emb_read(table, torch.arange(5, 15))
+    assert torch_recdev.table_stats(table)["rows"] == 10
+
+
+def test_a_batch_with_more_distinct_rows_than_the_budget_is_refused():
+    table = ops.init_embedding_table(_name(), 1000, 4, max_rows=10, evict="lru")
+    with pytest.raises(ValueError, match="11 distinct rows cannot fit the budget of 10"):
+        ops.emb_read(table, torch.arange(11))
+    assert torch_recdev.table_stats(table)["rows"] == 0
+
+
+@pytest.mark.parametrize(
+    "keywords, message",
+    [
+        (dict(max_rows=0, evict="lru"), "max_rows must be a positive int"),
+        (dict(max_rows=-5, evict="lru"), "max_rows must be a positive int"),
+        (dict(max_bytes=0), "max_bytes must be a positive int"),
+        (dict(max_rows=10, evict="fifo"), "unknown evict policy 'fifo'"),
+        (dict(ttl=5), "needs evict='ttl'"),
+        (dict(max_rows=10, evict="lru", ttl=5), "needs evict='ttl'"),
+        (dict(evict="ttl"), "needs ttl="),
+        (dict(evict="ttl", ttl=2.5), "positive int"),
+        (dict(evict="lru"), "needs a budget"),
+        (dict(max_rows=10, evict="lru", half_life=3), "needs evict='lfu'"),
+        (dict(max_rows=10, evict="lfu", half_life=-1), "half_life must be a positive"),
+        (dict(admit_after=0), r"admit_after must be an int in \[1, 65535\]"),
+        (dict(max_rows=True, evict="lru"), "max_rows must be a positive int"),
+    ],
+)
+def test_bad_policies_are_refused_before_anything_changes(keywords, message):
+    name = _name()
+    with pytest.raises(ValueError, match=message):
+        ops.init_embedding_table(name, 1000, 4, **keywords)
+    table = ops.init_embedding_table(name, 1000, 4)
+    with pytest.raises(ValueError, match=message):
+        torch_recdev.set_table_policy(table, **keywords)
+    assert torch_recdev.table_policy(table)["evict"] is None
+
+
+def test_policy_of_a_tensor_that_is_not_a_table():
+    with pytest.raises(ValueError, match="not on recdev table storage"):
+        torch_recdev.set_table_policy(torch.zeros(3, 4), max_rows=3)
+    with pytest.raises(TypeError, match="expects a recdev table tensor"):
+        torch_recdev.table_policy([1, 2])
+
+
+def test_remote_tables_refuse_a_policy_clearly(remote_shards):
+    torch_recdev.connect(remote_shards)
+    try:
+        with pytest.raises(ValueError, match="not supported on remote tables yet"):
+            ops.init_embedding_table(_name(), 1000, 4, max_rows=10, evict="lru")
+        table = ops.init_embedding_table(_name(), 1000, 4)
+        torch_recdev.set_table_policy(table)  # no policy: nothing to refuse
+        assert torch_recdev.table_policy(table)["max_rows"] is None
+    finally:
+        torch_recdev.connect(None)

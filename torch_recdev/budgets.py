@@ -1,0 +1,117 @@
+"""Bounded memory for unbounded ids: a table's budget, eviction and admission (docs/budgets.md).
+
+    torch_recdev.set_table_policy(weight, max_rows=10**6, evict="lru", admit_after=2)
+    torch_recdev.table_policy(weight)   # {"max_rows": 1000000, "evict": "lru", ...}
+
+The store keeps the policy with the table (csrc/store/table_policy.h says how it decides)."""
+
+from __future__ import annotations
+
+import datetime
+import numbers
+from typing import Optional, Union
+
+import torch
+
+from . import _C
+
+_EVICT = (None, "lru", "lfu", "ttl")
+
+
+def _positive_int(name: str, value) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"{name} must be a positive int or None (no budget); got {value!r}")
+    return int(value)
+
+
+def policy_keywords(
+    *,
+    max_rows: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    evict: Optional[str] = None,
+    ttl: Union[int, datetime.timedelta, None] = None,
+    admit_after: int = 1,
+    half_life: Optional[float] = None,
+) -> dict:
+    """The policy keywords checked and in the store's terms (what ``_C._set_table_policy`` takes)."""
+    keywords = {"max_rows": _positive_int("max_rows", max_rows), "max_bytes": _positive_int("max_bytes", max_bytes)}
+    if evict not in _EVICT:
+        raise ValueError(f"unknown evict policy {evict!r}; choose 'lru', 'lfu', 'ttl' or None")
+    keywords["evict"] = evict
+    if ttl is not None:
+        if evict != "ttl":
+            raise ValueError(f"ttl={ttl!r} needs evict='ttl' (got evict={evict!r})")
+        if isinstance(ttl, datetime.timedelta):
+            if ttl.total_seconds() <= 0:
+                raise ValueError(f"ttl must be positive; got {ttl!r}")
+            keywords["ttl_seconds"] = ttl.total_seconds()
+        elif isinstance(ttl, numbers.Integral) and not isinstance(ttl, bool) and ttl > 0:
+            keywords["ttl_steps"] = int(ttl)
+        else:
+            raise ValueError(
+                f"ttl must be a positive int (optimizer steps of the table) or a datetime.timedelta; got {ttl!r}"
+            )
+    elif evict == "ttl":
+        raise ValueError("evict='ttl' needs ttl= (an int number of steps, or a datetime.timedelta)")
+    if evict in ("lru", "lfu") and max_rows is None and max_bytes is None:
+        raise ValueError(f"evict={evict!r} needs a budget: max_rows= or max_bytes=")
+    if half_life is not None:
+        if evict != "lfu":
+            raise ValueError(f"half_life is lfu's decay (in steps); it needs evict='lfu' (got evict={evict!r})")
+        if isinstance(half_life, bool) or not isinstance(half_life, numbers.Real) or not half_life > 0:
+            raise ValueError(f"half_life must be a positive number of steps; got {half_life!r}")
+        keywords["half_life"] = float(half_life)
+    if isinstance(admit_after, bool) or not isinstance(admit_after, numbers.Integral) or not 1 <= admit_after <= 65535:
+        raise ValueError(f"admit_after must be an int in [1, 65535]; got {admit_after!r}")
+    keywords["admit_after"] = int(admit_after)
+    return keywords
+
+
+def set_table_policy(
+    weight: torch.Tensor,
+    *,
+    max_rows: Optional[int] = None,
+    max_bytes: Optional[int] = None,
+    evict: Optional[str] = None,
+    ttl: Union[int, datetime.timedelta, None] = None,
+    admit_after: int = 1,
+    half_life: Optional[float] = None,
+) -> None:
+    """Sets the budget, eviction and admission of a recdev table (all defaults: removes the policy).
+
+    max_rows / max_bytes: the budget (max_bytes counts each row's record plus 128 bytes of index and
+    touch metadata); evict: "lru", "lfu" (half_life in steps, default 1000) or "ttl" (ttl= steps, or
+    a datetime.timedelta); admit_after=k: a row is stored only from its k-th lookup on. Rows over a
+    new budget are evicted at once."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"set_table_policy expects a recdev table tensor; got {type(weight).__name__}")
+    keywords = policy_keywords(
+        max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after, half_life=half_life
+    )
+    _C._set_table_policy(weight, keywords)
+
+
+def table_policy(weight: torch.Tensor) -> dict:
+    """The table's policy: max_rows, max_bytes, evict, ttl (steps, a timedelta, or None), admit_after,
+    half_life (lfu only)."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"table_policy expects a recdev table tensor; got {type(weight).__name__}")
+    return _public(_C._table_policy(weight))
+
+
+def _public(raw: dict) -> dict:
+    ttl = raw["ttl_steps"] if raw["ttl_steps"] is not None else None
+    if raw["ttl_seconds"] is not None:
+        ttl = datetime.timedelta(seconds=raw["ttl_seconds"])
+    policy = {
+        "max_rows": raw["max_rows"],
+        "max_bytes": raw["max_bytes"],
+        "evict": raw["evict"],
+        "ttl": ttl,
+        "admit_after": raw["admit_after"],
+    }
+    if raw["evict"] == "lfu":
+        policy["half_life"] = raw["half_life"]
+    return policy
