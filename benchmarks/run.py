@@ -18,6 +18,7 @@ import torch  # noqa: E402
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
+import bench_fleet  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_serialization  # noqa: E402
@@ -32,6 +33,7 @@ SUITES = [
     ("recdev vs fbgemm's CPU table-batched embedding (optional peer of the two issues above)", bench_fbgemm.run),
     ("Remote store on loopback (issue: remote store)", bench_remote.run),
     ("Scaling (issue: the main job and the benchmark suite)", bench_scaling.run),
+    ("Fleets: torchrun trainers on recdev-server shards (issue: fleet training)", bench_fleet.run),
 ]
 
 

@@ -5,6 +5,7 @@
 #include "device/table_storage.h"
 
 #include "net/remote_store.h"
+#include "store/deferred_table.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -232,6 +233,51 @@ py::tuple table_declaration(const at::Tensor& t) {
   return py::make_tuple(py::make_tuple(init_kind_name(init.kind), init.a, init.b), fused);
 }
 
+store::DeferredTable& deferred_of(const at::Tensor& t, const char* what) {
+  auto* deferred = dynamic_cast<store::DeferredTable*>(&table_of(t, what));
+  if (deferred == nullptr) {
+    throw py::value_error(std::string(what) + ": the table is not in synchronous mode (sync=True)");
+  }
+  return *deferred;
+}
+
+// The same table, seen through a DeferredTable: its lookups as before, its updates recorded for the
+// synchronous exchange (torch_recdev.optim's sync=True).
+at::Tensor sync_table(const at::Tensor& t) {
+  store::TableHandle& table = table_of(t, "sync");
+  if (t.dim() != 2 || !t.is_contiguous() || t.storage_offset() != 0 ||
+      static_cast<uint64_t>(t.size(0)) != table.num_rows() || static_cast<uint64_t>(t.size(1)) != table.dim()) {
+    throw py::value_error("sync=True takes whole 2-D tables (rows x dim), not views of one");
+  }
+  TableBlock* block = table_block(t.storage());
+  auto deferred = std::make_shared<store::DeferredTable>(block->table_shared());
+  c10::Storage storage =
+      wrap_table(std::move(deferred), block->client, t.storage().nbytes(), table.dim() * 4, false);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<float>());
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(t.sizes());
+  return tensor;
+}
+
+std::pair<at::Tensor, at::Tensor> take_pending_updates(const at::Tensor& t) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  store::DeferredTable::Pending pending = table.take();
+  const int64_t n = static_cast<int64_t>(pending.ids.size());
+  at::Tensor ids = at::empty({n}, at::kLong);
+  at::Tensor grads = at::empty({n, static_cast<int64_t>(table.dim())}, at::kFloat);
+  std::copy(pending.ids.begin(), pending.ids.end(), reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()));
+  std::copy(pending.grads.begin(), pending.grads.end(), grads.data_ptr<float>());
+  return {ids, grads};
+}
+
+void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
+  const at::Tensor rows = rows_of(grads, ids.size(), table, "sync");
+  py::gil_scoped_release no_gil;
+  table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
+}
+
 // torch_recdev.connect(): servers make the current store remote; None makes it embedded again.
 py::dict store_info() {
   const std::shared_ptr<store::StoreClient> client = current_store();
@@ -272,6 +318,10 @@ void bind_table_api(py::module_& m) {
   m.def("_store_info", &store_info);
   m.def("_declare_table", &declare_table);
   m.def("_table_declaration", &table_declaration);
+  m.def("_sync_table", &sync_table);
+  m.def("_take_pending_updates", &take_pending_updates);
+  m.def("_apply_updates", &apply_updates);
+  m.def("_table_in_process", [](const at::Tensor& t) { return table_of(t, "in_process").in_process(); });
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
     store::TableHandle& table = table_of(t, "emb_init");
     table.set_init(rule_of(kind, a, b));

@@ -93,6 +93,59 @@ def checkpoint(out: dict) -> None:
     out["saved"], out["resumed"] = saved, ops.emb_read(resumed, KEYS).cpu()
 
 
+SYNC_KINDS = ("Adagrad", "RowWiseAdagrad", "Adam")
+SYNC_STEPS, SYNC_BATCH, SYNC_IDS = 50, 128, 300  # the global batch; ids from [0, SYNC_IDS): many duplicates
+
+
+def sync_train(kind: str, rank: int, world: int, sync: bool) -> torch.Tensor:
+    """50 steps of one table, each on this rank's share of the step's global batch (world 1: all of
+    it, the single-process reference). Returns the rows the batches touch."""
+    torch.manual_seed(0)
+    table = ops.init_embedding_table(f"sync.{kind}", 10_000, 8, init=torch_recdev.Normal(0, 0.1), reset=rank == 0)
+    if world > 1:
+        dist.barrier()  # rank 0's reset before any rank trains
+    table.requires_grad_(True)
+    optimizer = getattr(torch_recdev.optim, kind)([table], lr=0.05, **({"sync": True} if sync else {}))
+    share = SYNC_BATCH // world
+    mine = slice(rank * share, (rank + 1) * share)
+    for step in range(SYNC_STEPS):
+        g = torch.Generator().manual_seed(1000 + step)
+        ids, weights = torch.randint(0, SYNC_IDS, (SYNC_BATCH,), generator=g), torch.randn(SYNC_BATCH, 8, generator=g)
+        (nn.functional.embedding(ids[mine], table).cpu() * weights[mine]).sum().backward()
+        optimizer.step()
+    return ops.emb_read(table, torch.arange(SYNC_IDS)).cpu()
+
+
+def sync_reference(out: dict) -> None:
+    out["sync"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True) for kind in SYNC_KINDS}
+    out["sync_store"] = torch_recdev.store_info()["kind"]
+
+
+def sync_killed(out: dict) -> None:
+    rank = dist.get_rank()
+    table = ops.init_embedding_table("sync.killed", 1000, 4, init=torch_recdev.Constant(1.0)).requires_grad_(True)
+    optimizer = torch_recdev.optim.SGD([table], lr=1.0, sync=True, sync_timeout=3)
+    nn.functional.embedding(torch.tensor([1, 2]), table).sum().backward()
+    optimizer.step()
+    out["after_step_1"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    if rank == 1:
+        finish(out)  # dies before step 2: no further word to the others
+    nn.functional.embedding(torch.tensor([2, 3]), table).sum().backward()
+    try:
+        optimizer.step()
+    except RuntimeError as error:
+        out["error"] = str(error)
+    out["after_failed_step"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    finish(out)
+
+
+def finish(out: dict) -> None:
+    """Writes what this rank saw and exits at once (without the group's goodbye, which a dead peer would hang)."""
+    torch.save(out, os.path.join(os.environ["FLEET_OUT"], f"rank{dist.get_rank()}.pt"))
+    sys.stdout.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     scenario, out_dir = sys.argv[1], sys.argv[2]
     os.environ["FLEET_OUT"] = out_dir
