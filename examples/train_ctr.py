@@ -212,6 +212,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=0.03, help="learning rate of the fused RowWiseAdagrad")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the tables' element type")
+    parser.add_argument("--sync", action="store_true",
+                        help="under torchrun: synchronous table updates (every rank's step combined, docs/fleet.md)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=100,
                         help="steps between held-out evaluations on a fixed subsample (the learning curve)")
@@ -234,9 +236,11 @@ def main(argv=None) -> dict:
     info = torch_recdev.fleet_store()  # the other ranks take rank 0's store
     say(f"store: {info}")
     if world > 1:
-        say(f"fleet: {world} trainers (torchrun), the MLP in DistributedDataParallel over gloo")
-        if info["kind"] == "embedded":
-            say("note: on the embedded store each rank trains its own copy of the tables; name servers to share them")
+        say(f"fleet: {world} trainers (torchrun), the MLP in DistributedDataParallel over gloo, table updates "
+            f"{'synchronous' if args.sync else 'asynchronous'}")
+        if info["kind"] == "embedded" and not args.sync:
+            say("note: on the embedded store each rank trains its own copy of the tables; name servers to share "
+                "them, or pass --sync to keep the copies identical")
 
     torch.manual_seed(args.seed)
     log = ClickLog(args.seed)
@@ -256,6 +260,8 @@ def main(argv=None) -> dict:
     tables = make_tables(args.lr, args.dtype)
     model = CTRModel(tables)
     dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
+    # The tables' optimizer is fused into backward; with --sync its step() is where the ranks' rows meet.
+    table_opt = torch_recdev.optim.RowWiseAdagrad(tables, lr=args.lr, sync=True) if args.sync else None
     start_epoch = 0
     if resume:
         saved = torch.load(os.path.join(args.checkpoint, "dense.pt"))
@@ -289,6 +295,8 @@ def main(argv=None) -> dict:
             dense_opt.zero_grad()
             loss.backward()  # the tables' rows are updated in the store here
             dense_opt.step()
+            if table_opt is not None:
+                table_opt.step()
             losses.append(loss.item())
             recent.append(losses[-1])
             step += 1
