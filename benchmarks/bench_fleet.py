@@ -69,14 +69,16 @@ def step_costs(ids_per_rank: int, steps: int) -> tuple[float, float]:
 
 
 def run(quick: bool = False) -> list:
-    samples = 40_000 if quick else 400_000
+    samples = 20_000 if quick else 400_000
     rows, facts = [], []
-    for trainers, shards in ((1, 1), (1, 2), (2, 2)):
+    # --quick (the test suite's smoke run) runs the fleet once: each run starts shards and interpreters.
+    for trainers, shards in ((2, 2),) if quick else ((1, 1), (1, 2), (2, 2)):
         rate, steps, wire = fleet_run(trainers, shards, samples)
         per_step = wire / (steps * trainers)
         rows.append([str(trainers), str(shards), f"{rate:,.0f}", f"{per_step / 2**20:.2f} MiB"])
-    async_s, sync_s = step_costs(65_536, 3 if quick else 10)
-    facts.append(Fact("training step, 65,536 ids per rank, dim 64, RowWiseAdagrad, 2 ranks x 2 shards: async / sync",
+    ids = 8_192 if quick else 65_536
+    async_s, sync_s = step_costs(ids, 2 if quick else 10)
+    facts.append(Fact(f"training step, {ids:,} ids per rank, dim 64, RowWiseAdagrad, 2 ranks x 2 shards: async / sync",
                       f"{async_s * 1e3:.0f} ms / {sync_s * 1e3:.0f} ms ({sync_s / async_s:.2f}x)", "sync <= 1.3x async",
                       sync_s <= 1.3 * async_s))
     grid = Grid(f"demo model, {samples:,} samples, batch 1,024 per trainer, one thread each (loopback bytes per "
