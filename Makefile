@@ -11,10 +11,14 @@ SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h)
 # The wheel of torch 2.13.0 (CPU) may lie in a local wheel folder; pip finds it there first.
 PIP    := $(PY) -m pip install --disable-pip-version-check
 
-.PHONY: demo test bench build clean fbgemm-venv redis-peer lint
+.PHONY: demo fleet-demo test bench build clean fbgemm-venv redis-peer lint
 
 demo: $(BUILT)
 	$(PY) examples/train_ctr.py --plot ctr_learning_curves.png
+
+# The same job as a fleet: two recdev-server shards and two torchrun trainers on 127.0.0.1, all stopped after.
+fleet-demo: $(BUILT)
+	$(PY) examples/fleet_demo.py -- --plot ctr_fleet_learning_curves.png
 
 test: $(BUILT) redis-peer
 	$(PY) -m pytest test

@@ -20,6 +20,7 @@ import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
 import bench_first_touch  # noqa: E402
+import bench_fleet  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scaling  # noqa: E402
 import bench_serialization  # noqa: E402
@@ -36,6 +37,7 @@ SUITES = [
     ("Scaling (issue: the main job and the benchmark suite)", bench_scaling.run),
     ("First touch of new ids (issue: bounded memory for unbounded ids)", bench_first_touch.run),
     ("Budgets, eviction and admission (suite budget, issue 20)", bench_budget.run),
+    ("Fleets: torchrun trainers on recdev-server shards (issue: fleet training)", bench_fleet.run),
 ]
 
 

@@ -10,6 +10,9 @@ training gets. Ids are Zipf-distributed over large id spaces; some tables have
     python examples/train_ctr.py --checkpoint DIR # save after each epoch; resume from DIR if present
     python examples/train_ctr.py --servers tcp://127.0.0.1:7070,tcp://127.0.0.1:7071
                                                   # the tables on recdev-server shards (docs/server.md)
+    torchrun --nproc-per-node 2 examples/train_ctr.py --servers tcp://127.0.0.1:7070,tcp://127.0.0.1:7071
+                                                  # a fleet: each rank its slice of the log, the MLP in
+                                                  # DistributedDataParallel, the tables shared (docs/fleet.md)
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import torch_recdev
@@ -116,20 +121,32 @@ class CTRModel(nn.Module):
         self.tables = tables  # named store tables, trained by their fused optimizer
         width = len(tables) * EMBEDDING_DIM + NUM_DENSE
         self.mlp = nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+        # What training runs the features through: the MLP itself, or its DistributedDataParallel wrapper.
+        self.head = self.mlp
+
+    def features(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        embedded = [nn.functional.embedding(sparse[:, i], table) for i, table in enumerate(self.tables)]
+        return torch.cat([e.cpu() for e in embedded] + [dense], dim=1)
 
     def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        embedded = [nn.functional.embedding(sparse[:, i], table) for i, table in enumerate(self.tables)]
-        x = torch.cat([e.cpu() for e in embedded] + [dense], dim=1)
-        return self.mlp(x).squeeze(1)
+        return self.head(self.features(sparse, dense)).squeeze(1)
+
+    def predict(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """Logits without the DDP wrapper: one rank evaluates while the others train."""
+        return self.mlp(self.features(sparse, dense)).squeeze(1)
 
 
-def make_tables(lr: float) -> list[torch.Tensor]:
+def make_tables(lr: float, dtype: str) -> list[torch.Tensor]:
+    # Declared, not reset: every rank of a fleet runs this, the first creates each table, the others
+    # (and a run resumed from a checkpoint) open it with its rows.
+    extra = {} if dtype == "float32" else {"dtype": getattr(torch, dtype)}
     tables = []
     for f in FEATURES:
         table = ops.init_embedding_table(
             f"ctr.{f.name}", f.num_rows, EMBEDDING_DIM,
             init=torch_recdev.Normal(0.0, 0.01),
             optimizer=("rowwise_adagrad", {"lr": lr}),
+            **extra,
         )
         table.requires_grad_(True)
         tables.append(table)
@@ -137,98 +154,147 @@ def make_tables(lr: float) -> list[torch.Tensor]:
 
 
 def evaluate(model: CTRModel, data, batch: int = 8192) -> tuple[float, float]:
-    sparse, dense, clicks, _ = data
+    sparse, dense, clicks = data[:3]
     scores = []
     with torch.no_grad():
         for start in range(0, len(clicks), batch):
             s = torch.from_numpy(sparse[start : start + batch])
             d = torch.from_numpy(dense[start : start + batch])
-            scores.append(torch.sigmoid(model(s, d)).numpy())
+            scores.append(torch.sigmoid(model.predict(s, d)).numpy())
     prob = np.concatenate(scores)
     return auc(prob, clicks), log_loss(prob, clicks)
 
 
-def plot_curves(history: list[dict], optimum: dict, path: str) -> None:
+def plot_curves(history: list[dict], optimum: dict, path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [h["step"] for h in history]
+    samples = [h["samples"] for h in history]
     fig, (ax_auc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_auc.plot(steps, [h["auc"] for h in history], marker="o", label="held-out AUC")
+    ax_auc.plot(samples, [h["auc"] for h in history], marker=".", label="held-out AUC (subsample)")
     ax_auc.axhline(optimum["auc"], color="green", linestyle="--", label="planted optimum")
-    ax_auc.set_xlabel("training step")
+    ax_auc.set_xlabel("training samples (all trainers)")
     ax_auc.set_ylabel("AUC")
     ax_auc.legend()
-    ax_loss.plot(steps, [h["log_loss"] for h in history], marker="o", label="held-out log loss")
-    ax_loss.plot(steps, [h["train_loss"] for h in history], marker=".", label="train loss (last epoch batches)")
+    ax_loss.plot(samples, [h["log_loss"] for h in history], marker=".", label="held-out log loss (subsample)")
+    ax_loss.plot(samples, [h["train_loss"] for h in history], marker=".", label="train loss (batches since last point)")
     ax_loss.axhline(optimum["log_loss"], color="green", linestyle="--", label="planted optimum")
-    ax_loss.set_xlabel("training step")
+    ax_loss.set_xlabel("training samples (all trainers)")
     ax_loss.set_ylabel("log loss")
     ax_loss.legend()
-    fig.suptitle("CTR model on recdev tables")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def start_fleet() -> tuple[int, int]:
+    """(rank, world size): under torchrun, the default process group on gloo; else (0, 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-samples", type=int, default=1_000_000)
+    parser.add_argument("--train-samples", type=int, default=1_000_000, help="in all, split over the ranks")
     parser.add_argument("--test-samples", type=int, default=50_000)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=1024, help="per rank")
     parser.add_argument("--lr", type=float, default=0.03, help="learning rate of the fused RowWiseAdagrad")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                        help="the tables' element type")
+    parser.add_argument("--sync", action="store_true",
+                        help="under torchrun: synchronous table updates (every rank's step combined, docs/fleet.md)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=100,
+                        help="steps between held-out evaluations on a fixed subsample (the learning curve)")
+    parser.add_argument("--eval-samples", type=int, default=10_000, help="the subsample those evaluations use")
     parser.add_argument("--checkpoint", help="directory: save after each epoch, resume from it when present")
     parser.add_argument("--plot", default="ctr_learning_curves.png", help="where to write the learning-curve PNG")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--servers", help="recdev-server shards (tcp://host:port,...); default: the embedded store "
-                        "(or $RECDEV_SERVERS)")
+                        "(or $RECDEV_SERVERS); under torchrun, naming them on rank 0 is enough")
     parser.add_argument("--max-rows", type=int, help="budget of rows per table, evicting least recently used rows "
                         "(docs/budgets.md); default: unbounded")
     parser.add_argument("--admit-after", type=int, default=1, help="store a row only from its k-th lookup on")
     args = parser.parse_args(argv)
+    rank, world = start_fleet()
+    lead = rank == 0  # prints, evaluates, saves
+
+    def say(*text):
+        if lead:
+            print(*text, flush=True)
+
     if args.servers:
         torch_recdev.connect(args.servers)
-    print(f"store: {torch_recdev.store_info()}")
+    info = torch_recdev.fleet_store()  # the other ranks take rank 0's store
+    say(f"store: {info}")
+    if world > 1:
+        say(f"fleet: {world} trainers (torchrun), the MLP in DistributedDataParallel over gloo, table updates "
+            f"{'synchronous' if args.sync else 'asynchronous'}")
+        if info["kind"] == "embedded" and not args.sync:
+            say("note: on the embedded store each rank trains its own copy of the tables; name servers to share "
+                "them, or pass --sync to keep the copies identical")
 
     torch.manual_seed(args.seed)
     log = ClickLog(args.seed)
     train = log.sample(args.train_samples)
     test = log.sample(args.test_samples)
+    probe = tuple(a[: args.eval_samples] for a in test)  # the fixed subsample of the learning curve
     optimum = {"auc": auc(test[3], test[2]), "log_loss": log_loss(test[3], test[2])}
     baseline = {"auc": 0.5, "log_loss": log_loss(np.full(len(test[2]), train[2].mean()), test[2])}
+    probe_optimum = {"auc": auc(probe[3], probe[2]), "log_loss": log_loss(probe[3], probe[2])}
 
-    tables = make_tables(args.lr)
+    resume = bool(args.checkpoint) and os.path.exists(os.path.join(args.checkpoint, "dense.pt"))
+    if resume and (lead or info["kind"] == "embedded"):
+        # Loaded before the tables are declared: the declarations keep the loaded rows. Shards are
+        # loaded once, by rank 0; an embedded store is each rank's own.
+        ops.load(os.path.join(args.checkpoint, "tables.recdev"))
+    barrier(world)
+    tables = make_tables(args.lr, args.dtype)
     if args.max_rows is not None or args.admit_after != 1:
         for table in tables:
             torch_recdev.set_table_policy(table, max_rows=args.max_rows, evict="lru" if args.max_rows else None,
                                           admit_after=args.admit_after)
     model = CTRModel(tables)
     dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
+    # The tables' optimizer is fused into backward; with --sync its step() is where the ranks' rows meet.
+    table_opt = torch_recdev.optim.RowWiseAdagrad(tables, lr=args.lr, sync=True) if args.sync else None
     start_epoch = 0
-    if args.checkpoint and os.path.exists(os.path.join(args.checkpoint, "dense.pt")):
-        ops.load(os.path.join(args.checkpoint, "tables.recdev"))
+    if resume:
         saved = torch.load(os.path.join(args.checkpoint, "dense.pt"))
         model.mlp.load_state_dict(saved["mlp"])
         dense_opt.load_state_dict(saved["optimizer"])
         start_epoch = saved["epoch"]
-        print(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+        say(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+    if world > 1:
+        model.head = DistributedDataParallel(model.mlp)
 
-    print(f"{len(FEATURES)} sparse features on recdev: " + ", ".join(f"{f.name} ({f.num_rows:.0e} rows)" for f in FEATURES))
-    print(f"train {args.train_samples} / held-out {args.test_samples} samples, click rate {train[2].mean():.3f}")
-    print(f"planted optimum on held-out: AUC {optimum['auc']:.4f}, log loss {optimum['log_loss']:.4f}")
+    say(f"{len(FEATURES)} sparse features on recdev ({args.dtype}): "
+        + ", ".join(f"{f.name} ({f.num_rows:.0e} rows)" for f in FEATURES))
+    say(f"train {args.train_samples} / held-out {args.test_samples} samples, click rate {train[2].mean():.3f}")
+    say(f"planted optimum on held-out: AUC {optimum['auc']:.4f}, log loss {optimum['log_loss']:.4f}")
 
-    sparse, dense, clicks, _ = train
-    steps_per_epoch = math.ceil(len(clicks) / args.batch_size)
-    history, step, started = [], start_epoch * steps_per_epoch, time.perf_counter()
-    seen = 0
+    # Each rank its own slice of the log, all slices the same length (DDP steps in lockstep).
+    per_rank = len(train[2]) // world
+    sparse, dense, clicks = (a[rank * per_rank : (rank + 1) * per_rank] for a in train[:3])
+    steps_per_epoch = math.ceil(per_rank / args.batch_size)
+    history, step, seen = [], start_epoch * steps_per_epoch, 0
+    eval_seconds, started = 0.0, time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
-        order = np.random.default_rng(args.seed + epoch).permutation(len(clicks))
-        losses = []
-        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{args.epochs}", disable=args.quiet, unit="batch")
+        order = np.random.default_rng(args.seed + epoch).permutation(per_rank)
+        losses, recent = [], []
+        bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{args.epochs}", disable=args.quiet or not lead,
+                   unit="batch")
         for b in bar:
             idx = order[b * args.batch_size : (b + 1) * args.batch_size]
             s, d, y = (torch.from_numpy(a[idx]) for a in (sparse, dense, clicks))
@@ -236,23 +302,42 @@ def main(argv=None) -> dict:
             dense_opt.zero_grad()
             loss.backward()  # the tables' rows are updated in the store here
             dense_opt.step()
+            if table_opt is not None:
+                table_opt.step()
             losses.append(loss.item())
+            recent.append(losses[-1])
             step += 1
             seen += len(idx)
             if b % 50 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        held_auc, held_loss = evaluate(model, test)
-        history.append({"step": step, "auc": held_auc, "log_loss": held_loss, "train_loss": float(np.mean(losses))})
-        print(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}  held-out AUC {held_auc:.4f} "
-              f"(optimum {optimum['auc']:.4f}, gap {optimum['auc'] - held_auc:.4f})  log loss {held_loss:.4f} "
-              f"(optimum {optimum['log_loss']:.4f})")
+            if lead and (step % args.eval_every == 0 or b == steps_per_epoch - 1):
+                tick = time.perf_counter()
+                probe_auc, probe_loss = evaluate(model, probe)
+                eval_seconds += time.perf_counter() - tick
+                history.append({"step": step, "samples": step * args.batch_size * world, "auc": probe_auc,
+                                "log_loss": probe_loss, "train_loss": float(np.mean(recent))})
+                recent = []
+        if lead:
+            tick = time.perf_counter()
+            held_auc, held_loss = evaluate(model, test)
+            eval_seconds += time.perf_counter() - tick
+            say(f"epoch {epoch + 1}: train loss {np.mean(losses):.4f}  held-out AUC {held_auc:.4f} "
+                f"(optimum {optimum['auc']:.4f}, gap {optimum['auc'] - held_auc:.4f})  log loss {held_loss:.4f} "
+                f"(optimum {optimum['log_loss']:.4f})")
         if args.checkpoint:
-            os.makedirs(args.checkpoint, exist_ok=True)
-            ops.save(os.path.join(args.checkpoint, "tables.recdev"))
-            torch.save({"mlp": model.mlp.state_dict(), "optimizer": dense_opt.state_dict(), "epoch": epoch + 1},
-                       os.path.join(args.checkpoint, "dense.pt"))
-    elapsed = time.perf_counter() - started
+            barrier(world)  # every rank's updates are in the store before it is saved
+            if lead:
+                os.makedirs(args.checkpoint, exist_ok=True)
+                ops.save(os.path.join(args.checkpoint, "tables.recdev"))
+                torch.save({"mlp": model.mlp.state_dict(), "optimizer": dense_opt.state_dict(), "epoch": epoch + 1},
+                           os.path.join(args.checkpoint, "dense.pt"))
+            barrier(world)
+    barrier(world)
+    elapsed = time.perf_counter() - started - eval_seconds
 
+    if not lead:
+        dist.destroy_process_group()
+        return {}
     print("\nsummary")
     total_rows = total_bytes = evicted = 0
     for f, table in zip(FEATURES, tables):
@@ -263,20 +348,26 @@ def main(argv=None) -> dict:
         print(f"  {f.name:<11} {f.num_rows:>14,} rows in the table, {stats['rows']:>8,} materialized, "
               f"{stats['bytes'] / 2**20:8.1f} MiB held")
     dense_bytes = sum(f.num_rows for f in FEATURES) * EMBEDDING_DIM * 4
-    print(f"  tables hold {total_bytes / 2**20:.1f} MiB for {total_rows:,} rows; dense tables would need "
-          f"{dense_bytes / 2**30:,.0f} GiB")
+    print(f"  tables ({args.dtype}) hold {total_bytes / 2**20:.1f} MiB for {total_rows:,} rows; dense float32 tables "
+          f"would need {dense_bytes / 2**30:,.0f} GiB")
     if args.max_rows is not None or args.admit_after != 1:
         print(f"  budget: max_rows {args.max_rows} per table, admit_after {args.admit_after}: {evicted:,} rows evicted")
     if seen:
-        print(f"  throughput {seen / elapsed:,.0f} samples/s over {step} steps ({elapsed:.1f} s)")
-    final = history[-1] if history else {"auc": evaluate(model, test)[0], "log_loss": evaluate(model, test)[1]}
+        print(f"  throughput {seen * world / elapsed:,.0f} samples/s in all ({world} trainer{'s' * (world > 1)}) over "
+              f"{step} steps ({elapsed:.1f} s, held-out evaluations excluded)")
+    final = evaluate(model, test)
+    final = {"auc": final[0], "log_loss": final[1]}
     print(f"  held-out AUC {final['auc']:.4f} vs planted optimum {optimum['auc']:.4f} (gap "
           f"{optimum['auc'] - final['auc']:.4f}); majority-class baseline AUC 0.5, log loss {baseline['log_loss']:.4f}")
     if history and args.plot:
-        plot_curves(history, optimum, args.plot)
-        print(f"  learning curves: {args.plot}")
-    return {"auc": final["auc"], "optimum": optimum, "baseline": baseline, "history": history, "evicted": evicted,
-            "rows": total_rows, "bytes": total_bytes}
+        where = f"{info['shards']} shard{'s' * (info['shards'] != 1)}" if info["kind"] == "remote" else "embedded store"
+        title = f"CTR model on recdev tables: {world} trainer{'s' * (world > 1)}, {where}"
+        plot_curves(history, probe_optimum, args.plot, title)
+        print(f"  learning curves: {args.plot} ({len(history)} evaluations)")
+    if world > 1:
+        dist.destroy_process_group()
+    return {"auc": final["auc"], "optimum": optimum, "baseline": baseline, "history": history,
+            "evicted": evicted, "rows": total_rows, "bytes": total_bytes}
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ _run_backward_on_the_calling_thread()
 from . import compile_support, ops, optim, serialization, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
 from .ops import connect, store_info  # noqa: E402
 from .budgets import set_table_policy, table_policy  # noqa: E402
+from .fleet import fleet_store, share_tables  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -83,6 +84,8 @@ __all__ = [
     "Zero",
     "connect",
     "store_info",
+    "fleet_store",
+    "share_tables",
     "ops",
     "optim",
     "is_table",

@@ -122,6 +122,7 @@ def init_embedding_table(
     init: Optional[InitStrategy] = None,
     optimizer: Optional[tuple[str, dict]] = None,
     dtype: torch.dtype = torch.float32,
+    reset: bool = False,
     max_rows: Optional[int] = None,
     max_bytes: Optional[int] = None,
     evict: Optional[str] = None,
@@ -129,15 +130,20 @@ def init_embedding_table(
     admit_after: int = 1,
     half_life: Optional[float] = None,
 ) -> torch.Tensor:
-    """The named table ``name`` as a ``[num_embeddings, embedding_dim]`` recdev tensor of ``dtype``
-    (float32, float16, bfloat16 or float64; half types need an even ``embedding_dim``).
+    """Declares the named table ``name``: a ``[num_embeddings, embedding_dim]`` recdev tensor of
+    ``dtype`` (float32, float16, bfloat16 or float64; half types need an even ``embedding_dim``).
 
-    The same name returns the same table (a different shape or dtype is an error). ``init``
-    sets the rule every untouched row follows (O(1)); ``optimizer`` is
-    ``(kind, hyperparameters)`` with kind one of sgd, adagrad, rowwise_adagrad,
-    adam, e.g. ``("adagrad", {"lr": 0.05})``. ``max_rows``, ``max_bytes``, ``evict``, ``ttl``,
-    ``admit_after`` and ``half_life`` set its budget, eviction and admission, as
-    :func:`torch_recdev.set_table_policy` does (when any is given)."""
+    A declaration, like ``CREATE TABLE IF NOT EXISTS``: the first creates the table; declaring an
+    existing table (another rank of a fleet, the same script run again, a table loaded from a
+    checkpoint) opens it with every row and optimizer state kept, provided the shape, dtype, the
+    ``init`` strategy and the optimizer kind agree. A difference is a ``ValueError`` naming it;
+    ``reset=True`` is the only way to drop the rows (and to change the shape, dtype, init or optimizer
+    kind). ``init`` sets the rule every untouched row follows (O(1)); ``optimizer`` is
+    ``(kind, hyperparameters)`` with kind one of sgd, adagrad, rowwise_adagrad, adam, e.g.
+    ``("adagrad", {"lr": 0.05})``; an existing table's optimizer takes the declared hyperparameters and
+    keeps its state. ``max_rows``, ``max_bytes``, ``evict``, ``ttl``, ``admit_after`` and ``half_life``
+    set its budget, eviction and admission, as :func:`torch_recdev.set_table_policy` does (when any is
+    given)."""
     if not isinstance(name, str) or not name:
         raise ValueError("init_embedding_table: name must be a non-empty string")
     if not isinstance(dtype, torch.dtype):
@@ -146,28 +152,37 @@ def init_embedding_table(
                   half_life=half_life)
     policy_given = any(v is not None for k, v in policy.items() if k != "admit_after") or admit_after != 1
     policy_keywords = budgets.policy_keywords(**policy) if policy_given else None  # checked before any change
-    table = _C._named_table(name, int(num_embeddings), int(embedding_dim), dtype)
+    rule = None
     if init is not None:
         if not isinstance(init, InitStrategy):
             raise TypeError(f"init must be a torch_recdev init strategy (Normal, Uniform, ...); got {init!r}")
-        _C._set_table_init(table, *init._rule())
+        rule = init._rule()
+    fused = None
     if optimizer is not None:
-        kind, hyperparameters = optimizer
-        fused = _OPTIMIZERS.get(kind)
-        if fused is None:
-            raise ValueError(f"unknown optimizer {kind!r}; choose one of {sorted(_OPTIMIZERS)}")
-        unknown = set(hyperparameters) - set(fused.defaults_for_store)
-        if unknown:
-            raise ValueError(f"{kind} takes {sorted(fused.defaults_for_store)}; got unknown {sorted(unknown)}")
-        # torch.optim's defaults for what is not given, as torch_recdev.optim uses.
-        config = {**fused.defaults_for_store, **hyperparameters}
-        betas = config.pop("betas", None)
-        if betas is not None:
-            config["beta1"], config["beta2"] = betas
-        _C._set_table_optimizer(table, kind, {k: float(v) for k, v in config.items()})
+        fused = _optimizer_declaration(optimizer)
+    from .fleet import fleet_store
+
+    fleet_store()  # under torchrun, the store rank 0 named
+    table = _C._declare_table(name, int(num_embeddings), int(embedding_dim), rule, fused, bool(reset), dtype)
     if policy_keywords is not None:
         _C._set_table_policy(table, policy_keywords)
     return table
+
+
+def _optimizer_declaration(optimizer: tuple[str, dict]) -> tuple[str, dict]:
+    """``(kind, hyperparameters)`` as the store takes it: torch.optim's defaults for what is not given."""
+    kind, hyperparameters = optimizer
+    fused = _OPTIMIZERS.get(kind)
+    if fused is None:
+        raise ValueError(f"unknown optimizer {kind!r}; choose one of {sorted(_OPTIMIZERS)}")
+    unknown = set(hyperparameters) - set(fused.defaults_for_store)
+    if unknown:
+        raise ValueError(f"{kind} takes {sorted(fused.defaults_for_store)}; got unknown {sorted(unknown)}")
+    config = {**fused.defaults_for_store, **hyperparameters}
+    betas = config.pop("betas", None)
+    if betas is not None:
+        config["beta1"], config["beta2"] = betas
+    return kind, {k: float(v) for k, v in config.items()}
 
 
 def emb_init(table: torch.Tensor, keys: torch.Tensor, values_or_strategy) -> None:
@@ -253,6 +268,7 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
 
     ``servers`` is ``"tcp://h1:7070,tcp://h2:7071"``: one ``recdev-server`` per shard, listed in
     shard order (docs/remote.md). ``None`` (or ``"embedded"``) goes back to the in-process store.
+    Under torchrun, rank 0's choice is published to the other ranks (``torch_recdev.fleet``).
     ``token`` is the servers' ``--token-file`` token; ``timeout`` (seconds) bounds every wait for a
     server, so a dead one gives a ``ConnectionError`` naming it instead of a hang. Every server is
     reached now: a bad address, a wrong token or nothing listening fails here. Tables created
@@ -266,6 +282,9 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
         raise ValueError(f"connect: timeout must be a positive number of seconds; got {timeout}")
     _worker.submit(lambda: None).result()  # pending async operations go to the store they were issued to
     _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout)
+    from .fleet import _published_after_connect
+
+    _published_after_connect()
     return store_info()
 
 

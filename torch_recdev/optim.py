@@ -19,6 +19,11 @@ The math per touched row matches ``torch.optim.SGD`` (no momentum),
 and ``torch.optim.SparseAdam``. Updates are applied during backward, so
 ``step()`` has nothing left to apply; it exists so loops written for
 ``torch.optim`` run unchanged.
+
+In a fleet (torchrun), ``sync=True`` makes the updates synchronous (``torch_recdev/sync.py``):
+backward records the row gradients and ``step()`` combines every rank's and applies them once, so
+that N ranks with batch B train exactly like one process with batch N * B. ``sync_timeout``
+(seconds) bounds the wait for the other ranks; a rank that does not arrive is named in the error.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class FusedOptimizer(torch.optim.Optimizer):
     #: hyperparameters the store understands, with torch.optim's defaults
     defaults_for_store: dict[str, Any] = {}
 
-    def __init__(self, params: Iterable[torch.Tensor], **hyperparameters):
+    def __init__(self, params: Iterable[torch.Tensor], *, sync: bool = False, sync_timeout: float = 60.0,
+                 **hyperparameters):
         unknown = set(hyperparameters) - set(self.defaults_for_store)
         if unknown:
             raise TypeError(
@@ -74,6 +80,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 self._attach(p, group)
         self.param_groups = [_TableGroup(g) for g in self.param_groups]
+        self._sync = None
+        if sync:
+            from .sync import SyncTables
+
+            self._sync = SyncTables([p for g in self.param_groups for p in g["params"]], sync_timeout)
 
     def _attach(self, p: torch.Tensor, group: dict) -> None:
         config = {k: float(group[k]) for k in self.defaults_for_store if k != "betas"}
@@ -83,11 +94,14 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Updates were applied in backward; runs the closure if given."""
+        """Runs the closure if given. Updates were applied in backward; with sync=True, this is where
+        every rank's row gradients of the step are combined and applied."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._sync is not None:
+            self._sync.step()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -158,7 +172,9 @@ def apply_optimizer_in_backward(optimizer_class, params: Iterable[torch.Tensor],
 
     Accepts torch.optim.SGD, Adagrad, SparseAdam (and Adam, run as SparseAdam's lazy
     update) and the torch_recdev.optim classes. Each parameter records its optimizer
-    in ``param._in_backward_optimizers``, as TorchRec does."""
+    in ``param._in_backward_optimizers``, as TorchRec does. ``sync=True`` in the kwargs
+    makes them synchronous: one optimizer then holds every parameter, and its ``step()``
+    (through any parameter's ``_in_backward_optimizers[0]``) exchanges the step's rows."""
     fused = _FUSED_FOR.get(optimizer_class)
     if fused is None:
         names = ", ".join(sorted({c.__module__ + "." + c.__name__ for c in _FUSED_FOR}))
@@ -168,6 +184,13 @@ def apply_optimizer_in_backward(optimizer_class, params: Iterable[torch.Tensor],
         # torch.optim.SGD's momentum=0 default is accepted; anything else cannot be fused.
         if kwargs.pop("momentum"):
             raise ValueError("the fused SGD has no momentum; use momentum=0 or Adagrad/Adam")
+    params = list(params)
+    if kwargs.get("sync"):
+        # One exchange per step for all of them: one optimizer.
+        opt = fused(params, **kwargs)
+        for p in params:
+            p._in_backward_optimizers = [opt]
+        return
     for p in params:
         opt = fused([p], **kwargs)
         p._in_backward_optimizers = [opt]

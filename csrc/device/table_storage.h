@@ -40,6 +40,11 @@ struct TableBlock final : StorageContext {
   // The table, its pending rows (if any) installed first.
   store::TableHandle& table() const;
   bool same_table(const TableBlock& other) const { return table_ == other.table_; }
+  // The table, shared (its pending rows installed first): for a view of it through another handle.
+  std::shared_ptr<store::TableHandle> table_shared() const {
+    table();
+    return table_;
+  }
 
   // torch.load gives a table its saved rows this way, so that load_state_dict can copy them
   // straight into the model's table (install_pending_into) rather than into this one and then

@@ -291,11 +291,21 @@ void decode(Reader& in, TableIdResponse& m) { m.table_id = in.get<uint64_t>("tab
 
 void encode(Writer& out, const OpenNamedRequest& m) {
   out.put_string(m.name);
-  encode(out, m.config);
+  encode(out, m.declaration.config);
+  out.put_bool(m.declaration.declares_init);
+  out.put_bool(m.declaration.optimizer.has_value());
+  encode(out, m.declaration.optimizer.value_or(store::OptimizerConfig{}));
+  out.put_bool(m.declaration.reset);
 }
 void decode(Reader& in, OpenNamedRequest& m) {
   m.name = in.get_string("name", kMaxNameBytes);
-  decode(in, m.config);
+  decode(in, m.declaration.config);
+  m.declaration.declares_init = in.get_bool("declares_init");
+  const bool has_optimizer = in.get_bool("has_optimizer");
+  store::OptimizerConfig optimizer;
+  decode(in, optimizer);
+  if (has_optimizer) m.declaration.optimizer = optimizer;
+  m.declaration.reset = in.get_bool("reset");
 }
 
 void encode(Writer& out, const NameRequest& m) { out.put_string(m.name); }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "store/declaration.h"
 #include "store/embedding_bag.h"
 #include "store/errors.h"
 #include "store/init_rule.h"
@@ -26,7 +27,8 @@
 namespace recdev::net {
 
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
-// 4: a table's config carries its element type (u8 after the init rule).
+// 4: a table's config carries its element type (u8 after the init rule), and OPEN_NAMED a
+// declaration (init rule, optimizer, reset) instead of opening whatever exists.
 constexpr uint16_t kProtocolVersion = 4;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
@@ -166,9 +168,9 @@ struct TableIdResponse {
   uint64_t table_id = 0;
 };
 
-struct OpenNamedRequest {
+struct OpenNamedRequest {  // a declaration (store::TableDeclaration) of a named table
   std::string name;
-  store::TableConfig config;
+  store::TableDeclaration declaration;
 };
 
 struct NameRequest {  // Find

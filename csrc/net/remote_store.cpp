@@ -599,14 +599,15 @@ std::shared_ptr<RemoteTable> RemoteStoreClient::named_from(const std::string& na
                                        found[0].config.dim, found[0].config.dtype, std::move(table_ids), std::move(epochs));
 }
 
-std::shared_ptr<store::TableHandle> RemoteStoreClient::named_table(const std::string& name,
-                                                                   const store::TableConfig& config) {
+std::shared_ptr<store::TableHandle> RemoteStoreClient::declare(const std::string& name,
+                                                               const store::TableDeclaration& declaration) {
   if (name.empty()) throw StoreError(ErrorCode::InvalidArgument, "a named table needs a non-empty name");
-  store::validate_table_config(config);
+  store::validate_table_config(declaration.config);
+  if (declaration.optimizer) store::validate_optimizer(*declaration.optimizer);
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
-    calls.push_back(make_call(shard, Opcode::OpenNamed, OpenNamedRequest{name, config}));
+    calls.push_back(make_call(shard, Opcode::OpenNamed, OpenNamedRequest{name, declaration}));
   }
   session_->exchange(lease, calls);
   std::vector<TableDescription> found;

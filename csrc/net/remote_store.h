@@ -129,7 +129,7 @@ class RemoteStoreClient final : public store::StoreClient {
 
   std::shared_ptr<store::TableHandle> create_table(const store::TableConfig& config,
                                                    std::optional<uint64_t> init_stream) override;
-  std::shared_ptr<store::TableHandle> named_table(const std::string& name, const store::TableConfig& config) override;
+  std::shared_ptr<store::TableHandle> declare(const std::string& name, const store::TableDeclaration& declaration) override;
   std::optional<std::shared_ptr<store::TableHandle>> find(const std::string& name) override;
   void free_table(store::TableHandle& table) noexcept override;
 

@@ -350,12 +350,16 @@ std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& f
 
 std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
   const auto request = decode<OpenNamedRequest>(frame);
-  store::validate_table_config(request.config);
-  check_table_shape(request.config);
+  store::validate_table_config(request.declaration.config);
+  check_table_shape(request.declaration.config);
   if (!store_.find(request.name)) reserve(kNewTableBytes);
-  const uint64_t table_id = store_.create_named_table(request.name, request.config);
-  register_table(table_id, TableEntry{route_key_of_name(request.name), 0, request.name});
-  return reply(frame, describe_table(table_id, *store_.table(table_id)));
+  const store::DeclaredTable declared = store_.declare_table(request.name, request.declaration);
+  if (declared.replaced) {
+    std::lock_guard<std::mutex> lock(directory_mutex_);
+    directory_.erase(*declared.replaced);
+  }
+  register_table(declared.id, TableEntry{route_key_of_name(request.name), 0, request.name});
+  return reply(frame, describe_table(declared.id, *store_.table(declared.id)));
 }
 
 std::vector<uint8_t> ShardService::find(const Frame& frame) {

@@ -6,6 +6,7 @@
 
 #include "net/remote_store.h"
 #include "python/table_policy_binding.h"
+#include "store/deferred_table.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -74,7 +75,51 @@ at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle&
   return values.to(at::kCPU).contiguous();
 }
 
-at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t embedding_dim, c10::ScalarType dtype) {
+store::InitRule rule_of(const std::string& kind, double a, double b) {
+  store::InitRule rule;
+  if (kind == "zero") rule.kind = store::InitKind::Zero;
+  else if (kind == "constant") rule.kind = store::InitKind::Constant;
+  else if (kind == "normal") rule.kind = store::InitKind::Normal;
+  else if (kind == "uniform") rule.kind = store::InitKind::Uniform;
+  else if (kind == "xavier") rule.kind = store::InitKind::Xavier;
+  else throw py::value_error("unknown init strategy '" + kind + "'; use Normal, Uniform, Xavier, Zero or Constant");
+  rule.a = a;
+  rule.b = b;
+  rule.seed = draw_op_seed(std::nullopt);
+  store::validate_init_rule(rule);
+  return rule;
+}
+
+store::OptimizerKind parse_optimizer(const std::string& name) {
+  if (name == "sgd") return store::OptimizerKind::SGD;
+  if (name == "adagrad") return store::OptimizerKind::Adagrad;
+  if (name == "rowwise_adagrad") return store::OptimizerKind::RowWiseAdagrad;
+  if (name == "adam") return store::OptimizerKind::Adam;
+  throw py::value_error("unknown optimizer '" + name + "'; choose sgd, adagrad, rowwise_adagrad or adam");
+}
+
+store::OptimizerConfig optimizer_config(const std::string& kind, const std::map<std::string, double>& hp) {
+  store::OptimizerConfig config;
+  config.kind = parse_optimizer(kind);
+  for (const auto& [key, value] : hp) {
+    if (key == "lr") config.lr = value;
+    else if (key == "weight_decay") config.weight_decay = value;
+    else if (key == "eps") config.eps = value;
+    else if (key == "lr_decay") config.lr_decay = value;
+    else if (key == "initial_accumulator_value") config.initial_accumulator_value = value;
+    else if (key == "beta1") config.beta1 = value;
+    else if (key == "beta2") config.beta2 = value;
+    else throw py::value_error("unknown optimizer hyperparameter '" + key + "'");
+  }
+  return config;
+}
+
+// A named table as declared (store::TableDeclaration): `init` is (kind, a, b) or None, `optimizer`
+// (kind, hyperparameters) or None.
+at::Tensor declare_table(const std::string& name, int64_t num_embeddings, int64_t embedding_dim,
+                         const std::optional<std::tuple<std::string, double, double>>& init,
+                         const std::optional<std::pair<std::string, std::map<std::string, double>>>& optimizer,
+                         bool reset, c10::ScalarType dtype) {
   if (num_embeddings <= 0 || embedding_dim <= 0) {
     throw py::value_error("init_embedding_table: num_embeddings and embedding_dim must be positive");
   }
@@ -90,32 +135,28 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
                           " is odd; use an even embedding_dim");
   }
   // Checked by division: the byte size itself may not fit in 64 bits, and the message must be right.
-  if (embedding_dim > UINT32_MAX / 4 || num_embeddings > INT64_MAX / (embedding_dim * 4)) {
+  if (embedding_dim > UINT32_MAX / 8 || num_embeddings > INT64_MAX / (embedding_dim * element)) {
     throw py::value_error("init_embedding_table: a table of " + std::to_string(num_embeddings) + " rows of dim " +
-                          std::to_string(embedding_dim) + " (" + std::to_string(embedding_dim * 4) +
+                          std::to_string(embedding_dim) + " (" + std::to_string(embedding_dim * element) +
                           " bytes a row) spans more than the 2^63 - 1 bytes a tensor can; use fewer rows");
   }
-  store::TableConfig config;
-  config.num_rows = static_cast<uint64_t>(num_embeddings);
-  config.dim = static_cast<uint32_t>(embedding_dim * element / 4);
-  config.dtype = type;
+  store::TableDeclaration declaration;
+  declaration.config.num_rows = static_cast<uint64_t>(num_embeddings);
+  declaration.config.dim = static_cast<uint32_t>(embedding_dim * element / 4);
+  declaration.config.dtype = type;
+  if (init) {
+    declaration.config.init = rule_of(std::get<0>(*init), std::get<1>(*init), std::get<2>(*init));
+    declaration.declares_init = true;
+  }
+  if (optimizer) declaration.optimizer = optimizer_config(optimizer->first, optimizer->second);
+  declaration.reset = reset;
   std::shared_ptr<store::StoreClient> client = current_store();
   std::shared_ptr<store::TableHandle> table;
-  if (auto existing = client->find(name)) {
-    const store::TableConfig found = (*existing)->config();
-    if (found.num_rows != config.num_rows || found.dim != config.dim || found.dtype != config.dtype) {
-      const std::string found_dtype = store::element_type_name(found.dtype);
-      const uint64_t found_dim = uint64_t{found.dim} * 4 / store::element_bytes(found.dtype);
-      throw py::value_error(
-          "init_embedding_table: table '" + name + "' exists with " + std::to_string(found.num_rows) + " x " +
-          std::to_string(found_dim) + " rows of " + found_dtype + "; asked for " + std::to_string(num_embeddings) +
-          " x " + std::to_string(embedding_dim) + " of " + store::element_type_name(type) +
-          " (a table's dtype is part of its identity: it is never reinterpreted)");
-    }
-    table = std::move(*existing);
-  } else {
-    table = client->named_table(name, config);
+  {
+    py::gil_scoped_release no_gil;
+    table = client->declare(name, declaration);
   }
+  const store::TableConfig config = declaration.config;
   c10::Storage storage =
       wrap_table(std::move(table), std::move(client), config.num_rows * config.dim * 4, config.dim * 4, false);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
@@ -124,26 +165,11 @@ at::Tensor named_table(const std::string& name, int64_t num_embeddings, int64_t 
   return tensor;
 }
 
-store::InitRule rule_of(const std::string& kind, double a, double b, const store::TableHandle& table) {
-  store::InitRule rule;
-  if (kind == "zero") rule.kind = store::InitKind::Zero;
-  else if (kind == "constant") rule.kind = store::InitKind::Constant;
-  else if (kind == "normal") rule.kind = store::InitKind::Normal;
-  else if (kind == "uniform") rule.kind = store::InitKind::Uniform;
-  else if (kind == "xavier") rule.kind = store::InitKind::Xavier;
-  else throw py::value_error("unknown init strategy '" + kind + "'; use Normal, Uniform, Xavier, Zero or Constant");
-  rule.a = a;
-  rule.b = b;
-  rule.seed = draw_op_seed(std::nullopt);
-  store::validate_init_rule(rule);
-  return rule;
-}
-
 // emb_init(keys, strategy): the rows' values under the rule, written.
 void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& kind, double a, double b) {
   store::TableHandle& table = table_of(t, "emb_init");
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_init");
-  const store::InitRule rule = rule_of(kind, a, b, table);
+  const store::InitRule rule = rule_of(kind, a, b);
   const store::TableConfig config = table.config();
   dtype_of(table, "emb_init");
   // A row's float32 init values converted to the table's type, as the store makes them.
@@ -197,28 +223,98 @@ void erase(const at::Tensor& t, const at::Tensor& keys) {
   table.erase(ids.data(), ids.size());
 }
 
-store::OptimizerKind parse_optimizer(const std::string& name) {
-  if (name == "sgd") return store::OptimizerKind::SGD;
-  if (name == "adagrad") return store::OptimizerKind::Adagrad;
-  if (name == "rowwise_adagrad") return store::OptimizerKind::RowWiseAdagrad;
-  if (name == "adam") return store::OptimizerKind::Adam;
-  throw py::value_error("unknown optimizer '" + name + "'; choose sgd, adagrad, rowwise_adagrad or adam");
+void set_optimizer(const at::Tensor& t, const std::string& kind, const std::map<std::string, double>& hp) {
+  table_of(t, "set_optimizer").set_optimizer(optimizer_config(kind, hp));
 }
 
-void set_optimizer(const at::Tensor& t, const std::string& kind, const std::map<std::string, double>& hp) {
-  store::OptimizerConfig config;
-  config.kind = parse_optimizer(kind);
-  for (const auto& [key, value] : hp) {
-    if (key == "lr") config.lr = value;
-    else if (key == "weight_decay") config.weight_decay = value;
-    else if (key == "eps") config.eps = value;
-    else if (key == "lr_decay") config.lr_decay = value;
-    else if (key == "initial_accumulator_value") config.initial_accumulator_value = value;
-    else if (key == "beta1") config.beta1 = value;
-    else if (key == "beta2") config.beta2 = value;
-    else throw py::value_error("unknown optimizer hyperparameter '" + key + "'");
+const char* init_kind_name(store::InitKind kind) {
+  switch (kind) {
+    case store::InitKind::Zero: return "zero";
+    case store::InitKind::Constant: return "constant";
+    case store::InitKind::Normal: return "normal";
+    case store::InitKind::Uniform: return "uniform";
+    case store::InitKind::Xavier: return "xavier";
   }
-  table_of(t, "set_optimizer").set_optimizer(config);
+  return "unknown";
+}
+
+// What a table would be declared as (share_tables): its init rule as (kind, a, b) and its optimizer as
+// (kind, hyperparameters), or None without one; the inverse of declare_table's arguments.
+py::tuple table_declaration(const at::Tensor& t) {
+  store::TableHandle& table = table_of(t, "table_declaration");
+  const store::InitRule init = table.config().init;
+  const store::OptimizerConfig optimizer = table.optimizer();
+  py::object fused = py::none();
+  static const std::map<store::OptimizerKind, const char*> kinds = {
+      {store::OptimizerKind::SGD, "sgd"},
+      {store::OptimizerKind::Adagrad, "adagrad"},
+      {store::OptimizerKind::RowWiseAdagrad, "rowwise_adagrad"},
+      {store::OptimizerKind::Adam, "adam"}};
+  if (const auto kind = kinds.find(optimizer.kind); kind != kinds.end()) {
+    std::map<std::string, double> hp = {{"lr", optimizer.lr}};
+    if (optimizer.kind != store::OptimizerKind::Adam) hp["weight_decay"] = optimizer.weight_decay;
+    if (optimizer.kind != store::OptimizerKind::SGD) hp["eps"] = optimizer.eps;
+    if (optimizer.kind == store::OptimizerKind::Adagrad) {
+      hp["lr_decay"] = optimizer.lr_decay;
+      hp["initial_accumulator_value"] = optimizer.initial_accumulator_value;
+    }
+    if (optimizer.kind == store::OptimizerKind::Adam) {
+      hp["beta1"] = optimizer.beta1;
+      hp["beta2"] = optimizer.beta2;
+    }
+    fused = py::make_tuple(kind->second, hp);
+  }
+  return py::make_tuple(py::make_tuple(init_kind_name(init.kind), init.a, init.b), fused);
+}
+
+store::DeferredTable& deferred_of(const at::Tensor& t, const char* what) {
+  auto* deferred = dynamic_cast<store::DeferredTable*>(&table_of(t, what));
+  if (deferred == nullptr) {
+    throw py::value_error(std::string(what) + ": the table is not in synchronous mode (sync=True)");
+  }
+  return *deferred;
+}
+
+// The same table, seen through a DeferredTable: its lookups as before, its updates recorded for the
+// synchronous exchange (torch_recdev.optim's sync=True).
+at::Tensor sync_table(const at::Tensor& t) {
+  store::TableHandle& table = table_of(t, "sync");
+  if (t.dim() != 2 || !t.is_contiguous() || t.storage_offset() != 0 ||
+      static_cast<uint64_t>(t.size(0)) != table.num_rows() || static_cast<uint64_t>(t.size(1)) != table.dim()) {
+    throw py::value_error("sync=True takes whole 2-D tables (rows x dim), not views of one");
+  }
+  if (table.dtype() != store::ElementType::Float32) {
+    throw py::type_error(std::string("sync=True trains float32 tables; this table is ") +
+                         store::element_type_name(table.dtype()) +
+                         ": train it asynchronously (sync=False) or declare it in float32");
+  }
+  TableBlock* block = table_block(t.storage());
+  auto deferred = std::make_shared<store::DeferredTable>(block->table_shared());
+  c10::Storage storage =
+      wrap_table(std::move(deferred), block->client, t.storage().nbytes(), table.dim() * 4, false);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<float>());
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(t.sizes());
+  return tensor;
+}
+
+std::pair<at::Tensor, at::Tensor> take_pending_updates(const at::Tensor& t) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  store::DeferredTable::Pending pending = table.take();
+  const int64_t n = static_cast<int64_t>(pending.ids.size());
+  at::Tensor ids = at::empty({n}, at::kLong);
+  at::Tensor grads = at::empty({n, static_cast<int64_t>(table.dim())}, at::kFloat);
+  std::copy(pending.ids.begin(), pending.ids.end(), reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()));
+  std::copy(pending.grads.begin(), pending.grads.end(), grads.data_ptr<float>());
+  return {ids, grads};
+}
+
+void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
+  const at::Tensor rows = rows_of(grads, ids.size(), table, "sync");
+  py::gil_scoped_release no_gil;
+  table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
 }
 
 // torch_recdev.connect(): servers make the current store remote; None makes it embedded again.
@@ -259,10 +355,15 @@ void bind_table_api(py::module_& m) {
   m.def("_connect", &connect);
   m.def("_connect_from_environment", &connect_from_environment);
   m.def("_store_info", &store_info);
-  m.def("_named_table", &named_table);
+  m.def("_declare_table", &declare_table);
+  m.def("_table_declaration", &table_declaration);
+  m.def("_sync_table", &sync_table);
+  m.def("_take_pending_updates", &take_pending_updates);
+  m.def("_apply_updates", &apply_updates);
+  m.def("_table_in_process", [](const at::Tensor& t) { return table_of(t, "in_process").in_process(); });
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
     store::TableHandle& table = table_of(t, "emb_init");
-    table.set_init(rule_of(kind, a, b, table));
+    table.set_init(rule_of(kind, a, b));
   });
   m.def("_init_rows", &init_rows);
   m.def("_read_rows", &read_rows);

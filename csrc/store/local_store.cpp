@@ -79,8 +79,8 @@ std::shared_ptr<TableHandle> EmbeddedStoreClient::create_table(const TableConfig
   return std::make_shared<LocalTable>(store_.table(id));
 }
 
-std::shared_ptr<TableHandle> EmbeddedStoreClient::named_table(const std::string& name, const TableConfig& config) {
-  return std::make_shared<LocalTable>(store_.table(store_.create_named_table(name, config)));
+std::shared_ptr<TableHandle> EmbeddedStoreClient::declare(const std::string& name, const TableDeclaration& declaration) {
+  return std::make_shared<LocalTable>(store_.table(store_.declare_table(name, declaration).id));
 }
 
 std::optional<std::shared_ptr<TableHandle>> EmbeddedStoreClient::find(const std::string& name) {

@@ -62,7 +62,7 @@ class LocalTable final : public TableHandle {
 class EmbeddedStoreClient final : public StoreClient {
  public:
   std::shared_ptr<TableHandle> create_table(const TableConfig& config, std::optional<uint64_t> init_stream) override;
-  std::shared_ptr<TableHandle> named_table(const std::string& name, const TableConfig& config) override;
+  std::shared_ptr<TableHandle> declare(const std::string& name, const TableDeclaration& declaration) override;
   std::optional<std::shared_ptr<TableHandle>> find(const std::string& name) override;
   void free_table(TableHandle& table) noexcept override;
 

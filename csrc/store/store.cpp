@@ -46,6 +46,50 @@ uint64_t Store::create_named_table(const std::string& name, const TableConfig& c
   return id;
 }
 
+DeclaredTable Store::declare_table(const std::string& name, const TableDeclaration& declaration) {
+  if (name.empty()) throw StoreError(ErrorCode::InvalidArgument, "a named table needs a non-empty name");
+  TableConfig config = declaration.config;
+  config.state_floats = 0;
+  validate_table_config(config);
+  if (declaration.optimizer) validate_optimizer(*declaration.optimizer);
+  std::shared_ptr<Table> dropped;  // a replaced table, destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeclaredTable result;
+  if (const auto found = ids_by_name_.find(name); found != ids_by_name_.end()) {
+    const std::shared_ptr<Table>& table = tables_.at(found->second).table;
+    const TableConfig existing = table->config();
+    if (!declaration.reset) {
+      const std::string mismatch = declaration_mismatch(existing, table->optimizer(), declaration);
+      if (!mismatch.empty()) throw StoreError(ErrorCode::InvalidArgument, declaration_error(name, mismatch));
+      // Same kind: set_optimizer keeps every row's state and the step.
+      if (declaration.optimizer && *declaration.optimizer != table->optimizer()) table->set_optimizer(*declaration.optimizer);
+      result.id = found->second;
+      return result;
+    }
+    if (existing.num_rows == config.num_rows && existing.dim == config.dim) {
+      // In place, so that other clients' handles stay valid. set_init drops every row with its state.
+      table->set_init(declaration.declares_init ? config.init : existing.init);
+      table->set_optimizer(declaration.optimizer.value_or(table->optimizer()));
+      table->set_optimizer_step(0);
+      result.id = found->second;
+      return result;
+    }
+    result.replaced = found->second;
+    dropped = std::move(tables_.at(found->second).table);
+    tables_.erase(found->second);
+    ids_by_name_.erase(found);
+  }
+  const uint64_t id = next_id_;
+  auto table = std::make_shared<Table>(id, name_init_stream(name), config);
+  if (declaration.optimizer) table->set_optimizer(*declaration.optimizer);
+  tables_.emplace(id, Entry{std::move(table), name});
+  ids_by_name_.emplace(name, id);
+  ++next_id_;
+  result.id = id;
+  result.created = true;
+  return result;
+}
+
 std::shared_ptr<Table> Store::table(uint64_t id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto found = tables_.find(id);

@@ -17,9 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include "declaration.h"
 #include "table.h"
 
 namespace recdev::store {
+
+// What Store::declare_table did: the table's id, whether it was made now, and the id of a table the
+// declaration replaced (reset=True with another shape), which no longer exists.
+struct DeclaredTable {
+  uint64_t id = 0;
+  bool created = false;
+  std::optional<uint64_t> replaced;
+};
 
 struct TableInfo {
   uint64_t id;
@@ -38,6 +47,13 @@ class Store {
   // not compared, since it follows the table's optimizer (Table::set_optimizer), which another client
   // may have attached since.
   uint64_t create_named_table(const std::string& name, const TableConfig& config);
+
+  // The named table as declared (declaration.h), atomically: created with the declared init rule and
+  // optimizer if there is none; else kept with its rows and optimizer state when the declaration
+  // matches it (a declared optimizer's hyperparameters are applied), StoreError(InvalidArgument)
+  // naming every difference when not; with reset, its rows and optimizer state dropped (same shape:
+  // in place, same id; another shape: a new table replaces it under the name).
+  DeclaredTable declare_table(const std::string& name, const TableDeclaration& declaration);
 
   // StoreError(NotFound) for an id that names no table.
   std::shared_ptr<Table> table(uint64_t id) const;

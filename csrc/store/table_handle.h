@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "declaration.h"
 #include "table.h"
 
 namespace recdev::store {
@@ -85,8 +86,9 @@ class StoreClient {
   // session lease lapses. init_stream as in Store::create_table.
   virtual std::shared_ptr<TableHandle> create_table(const TableConfig& config,
                                                     std::optional<uint64_t> init_stream) = 0;
-  // The named table, created with `config` if it does not exist (Store::create_named_table).
-  virtual std::shared_ptr<TableHandle> named_table(const std::string& name, const TableConfig& config) = 0;
+  // The named table as declared (Store::declare_table: created if it does not exist, kept if the
+  // declaration matches, reset on request; a mismatch is StoreError(InvalidArgument)).
+  virtual std::shared_ptr<TableHandle> declare(const std::string& name, const TableDeclaration& declaration) = 0;
   virtual std::optional<std::shared_ptr<TableHandle>> find(const std::string& name) = 0;
   // Frees an anonymous table created by create_table. Must not throw (called from storage deleters):
   // an unreachable server is left to free it when the session lease lapses.

@@ -75,3 +75,28 @@ def test_main_job_on_two_server_shards_with_checkpoint_and_resume(tmp_path):
     finally:
         for server in servers:
             server.kill()
+
+
+def test_fleet_demo_two_trainers_two_shards_checkpoint_and_resume(tmp_path):
+    # make fleet-demo's launcher, short: fresh shards each run, the servers named on rank 0 only; the
+    # second run resumes from the first one's checkpoint (rank 0 loads into its new shards, all declare).
+    ckpt = tmp_path / "ckpt"
+    common = ["--quiet", "--train-samples", "60000", "--test-samples", "10000", "--eval-every", "10",
+              "--checkpoint", str(ckpt), "--plot", str(tmp_path / "curves.png")]
+
+    def fleet(*args):
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fleet_demo.py"), "--", *common, *args],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    out = fleet("--epochs", "1")
+    assert "fleet: 2 trainers" in out and "'shards': 2" in out and "stopped the 2 shards" in out
+    assert out.count("epoch 1:") == 1  # rank 0 alone reports
+    assert "(2 trainers)" in out and (ckpt / "tables.recdev").exists()
+    out = fleet("--epochs", "2")
+    assert "resumed from" in out and "after epoch 1" in out and "epoch 2:" in out and "epoch 1:" not in out
+    assert _held_out_auc(out) > 0.7
+    # The held-out subsample every 10 steps: 30 steps in the epoch, a curve of 3 points, not one.
+    evaluations = [l for l in out.splitlines() if "learning curves:" in l][-1]
+    assert "(3 evaluations)" in evaluations, evaluations

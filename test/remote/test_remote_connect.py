@@ -138,7 +138,7 @@ def test_errors_name_the_server_and_the_operation(start_shards):
     servers = start_shards(2)
     torch_recdev.connect(local_shards.server_list(servers))
     t = ops.init_embedding_table("named_errors", 100, 4)
-    with pytest.raises(ValueError, match="init_embedding_table: table 'named_errors' exists with 100 x 4"):
+    with pytest.raises(ValueError, match=r"shard 0 of 2.*table 'named_errors' already exists and differs from its declaration in shape: the table is 100 x 4, declared 100 x 8"):
         ops.init_embedding_table("named_errors", 100, 8)
     with pytest.raises(IndexError, match="out of range"):
         ops.emb_read(t, torch.tensor([100]))

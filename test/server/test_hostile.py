@@ -242,7 +242,7 @@ def test_tables_of_no_rows_or_past_2_to_the_64_bytes_are_refused(server, populat
                        (2**63 - 1, f"a table of {2**63 - 1} rows of dim 8 is {(2**63 - 1) * 32} bytes")):
         payload = wire.config(rows, 8) + wire.u8(0) + u64(0) + u64(7)
         if opcode == "OPEN_NAMED":
-            payload = wire.string("hostile.shape") + wire.config(rows, 8)
+            payload = wire.string("hostile.shape") + wire.config(rows, 8) + wire.declaration()
         with pytest.raises(ServerError) as info:
             keeper.call(opcode, payload)
         assert info.value.name == "InvalidArgument" and text in info.value.message, info.value.message

@@ -100,8 +100,8 @@ def test_named_tables_open_find_list_free(conn, server):
     assert again["table_id"] == d["table_id"]
     assert d["config"]["num_rows"] == 1000 and d["config"]["dim"] == DIM
     assert d["optimizer"]["kind"] == 0 and d["optimizer_step"] == 0
-    err = expect_error(conn, "InvalidArgument", "OPEN_NAMED", string("opcodes.users") + config(1000, DIM + 1),
-                       "already exists")
+    err = expect_error(conn, "InvalidArgument", "OPEN_NAMED", string("opcodes.users") + config(1000, DIM + 1)
+                       + wire.declaration(), "already exists")
     assert "opcodes.users" in err.message
     r = wire.Reader(conn.call("FIND", string("opcodes.users")))
     assert r.u8() == 1 and r.description()["table_id"] == d["table_id"]
@@ -129,7 +129,7 @@ def test_create_table_errors(conn):
                  "limit")
     expect_error(conn, "InvalidArgument", "CREATE_TABLE",
                  config(10, 4, init=init_rule("normal", 0.0, -1.0)) + u8(0) + u64(0) + u64(1))
-    expect_error(conn, "InvalidArgument", "OPEN_NAMED", string("") + config(10, 4), "name")
+    expect_error(conn, "InvalidArgument", "OPEN_NAMED", string("") + config(10, 4) + wire.declaration(), "name")
 
 
 def test_set_init(conn):

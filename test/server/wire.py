@@ -103,6 +103,11 @@ def optimizer(kind="none", **params):
                                            "beta1", "beta2"))
 
 
+def declaration(declares_init=False, fused=None, reset=False):
+    """OPEN_NAMED's fields after the TableConfig: what the declaration compares, and reset."""
+    return u8(declares_init) + u8(fused is not None) + (fused or optimizer()) + u8(reset)
+
+
 def frame(opcode, payload=b"", request_id=0, flags=0, reserved=0, length=None):
     op = OP[opcode] if isinstance(opcode, str) else opcode
     return HEADER.pack(len(payload) if length is None else length, op, flags, reserved, request_id) + payload
@@ -241,8 +246,10 @@ class Connection:
         r = Reader(self.call("CREATE_TABLE", payload))
         return r.u64()
 
-    def open_named(self, name, num_rows, dim, init=None):
-        r = Reader(self.call("OPEN_NAMED", string(name) + config(num_rows, dim, 0, init)))
+    def open_named(self, name, num_rows, dim, init=None, fused=None, reset=False):
+        """A declaration: `init` (an init_rule) and `fused` (an optimizer) are compared when given."""
+        payload = string(name) + config(num_rows, dim, 0, init) + declaration(init is not None, fused, reset)
+        r = Reader(self.call("OPEN_NAMED", payload))
         d = r.description()
         r.end()
         return d

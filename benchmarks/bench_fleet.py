@@ -1,0 +1,88 @@
+"""Fleets (issue: fleet training): aggregate samples/s of the demo model (examples/train_ctr.py) for
+(trainers, shards) in {(1, 1), (1, 2), (2, 2)}, each a real `examples/fleet_demo.py` run (recdev-server
+shards and torchrun trainers on 127.0.0.1), and the loopback bytes per training step, which
+docs/scaling.md turns into what a fleet of machines would do. Held-out evaluations are excluded from
+the rate (train_ctr.py times them apart)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from bench_remote import loopback_bytes
+from harness import Fact, Grid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(ROOT, "examples", "fleet_demo.py")
+_RATE = re.compile(r"throughput ([\d,]+) samples/s in all \((\d+) trainers?\) over (\d+) steps")
+
+
+def fleet_run(trainers: int, shards: int, samples: int) -> tuple[float, int, int]:
+    """(samples/s in all, steps per trainer, loopback bytes) of one run."""
+    # One intra-op thread per trainer, as torchrun gives each of several ranks: on a machine whose cores
+    # the shards share, a lone trainer's thread pool would otherwise contend with them and measure that.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    before = loopback_bytes()
+    result = subprocess.run(
+        [sys.executable, DEMO, "--trainers", str(trainers), "--shards", str(shards), "--",
+         "--quiet", "--train-samples", str(samples), "--test-samples", "2000", "--epochs", "1", "--plot", "",
+         "--eval-every", str(10**9)],
+        capture_output=True, text=True, timeout=900, env=env)
+    wire = loopback_bytes() - before
+    match = _RATE.search(result.stdout)
+    if result.returncode != 0 or match is None:
+        raise RuntimeError(f"fleet run ({trainers} trainers, {shards} shards) failed:\n{result.stdout}\n{result.stderr}")
+    return float(match.group(1).replace(",", "")), int(match.group(3)), wire
+
+
+def step_costs(ids_per_rank: int, steps: int) -> tuple[float, float]:
+    """(async, sync) median step seconds of 2 ranks on 2 shards (fleet_step_worker.py)."""
+    import socket
+
+    from torch_recdev import local_shards
+
+    servers = local_shards.start_shards(2)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(2):
+            env = {k: v for k, v in os.environ.items() if k != "RECDEV_SERVERS"}
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            if rank == 0:
+                env["RECDEV_SERVERS"] = local_shards.server_list(servers)
+            procs.append(subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "fleet_step_worker.py"),
+                                           str(ids_per_rank), str(steps)], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=900)[0] for p in procs]
+        match = re.search(r"async ([\d.]+) sync ([\d.]+)", outputs[0])
+        if any(p.returncode for p in procs) or match is None:
+            raise RuntimeError(f"step-cost run failed:\n{outputs[0]}\n{outputs[1]}")
+        return float(match.group(1)), float(match.group(2))
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def run(quick: bool = False) -> list:
+    samples = 20_000 if quick else 400_000
+    rows, facts = [], []
+    # --quick (the test suite's smoke run) runs the fleet once: each run starts shards and interpreters.
+    for trainers, shards in ((2, 2),) if quick else ((1, 1), (1, 2), (2, 2)):
+        rate, steps, wire = fleet_run(trainers, shards, samples)
+        per_step = wire / (steps * trainers)
+        rows.append([str(trainers), str(shards), f"{rate:,.0f}", f"{per_step / 2**20:.2f} MiB"])
+    ids = 8_192 if quick else 65_536
+    async_s, sync_s = step_costs(ids, 2 if quick else 10)
+    facts.append(Fact(f"training step, {ids:,} ids per rank, dim 64, RowWiseAdagrad, 2 ranks x 2 shards: async / sync",
+                      f"{async_s * 1e3:.0f} ms / {sync_s * 1e3:.0f} ms ({sync_s / async_s:.2f}x)", "sync <= 1.3x async",
+                      sync_s <= 1.3 * async_s))
+    grid = Grid(f"demo model, {samples:,} samples, batch 1,024 per trainer, one thread each (loopback bytes per "
+                "trainer step: the machine's loopback counter over the run, so they include the rendezvous, start-up "
+                "and anything else using loopback meanwhile)",
+                ["trainers", "shards", "samples/s in all", "loopback bytes per trainer step"], rows)
+    return [grid, *facts]

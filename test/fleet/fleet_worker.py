@@ -1,0 +1,158 @@
+"""One trainer of the fleet tests (test_fleet_processes.py), started as a real process per rank with
+torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): gloo on 127.0.0.1.
+
+    python fleet_worker.py SCENARIO OUT_DIR
+
+RECDEV_SERVERS is set on rank 0 only by the test: the other ranks must get the store through the
+process group. Each rank writes what it saw to OUT_DIR/rank<r>.pt."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torch_recdev
+from torch_recdev import ops
+
+STEPS = 5
+KEYS = torch.tensor([0, 3, 3, 7, 500])  # 3 twice: duplicates within a batch sum too
+
+
+def grads(rank: int, step: int) -> torch.Tensor:
+    # Powers of two: every partial sum is exact in float32, so the order of updates cannot matter.
+    return torch.full((len(KEYS), 4), 2.0 ** -(rank + 2)) * (step + 1)
+
+
+def declare(name: str) -> torch.Tensor:
+    return ops.init_embedding_table(name, 1000, 4, init=torch_recdev.Constant(1.0), optimizer=("sgd", {"lr": 0.5}))
+
+
+def async_sums(out: dict) -> None:
+    rank = dist.get_rank()
+    out["store"] = torch_recdev.fleet_store()
+    # Every rank declares every table with its init, as every training script does.
+    tables = [declare(f"fleet.t{i}") for i in range(2)]
+    dist.barrier()
+    for step in range(STEPS):
+        for table in tables:
+            ops.emb_update(table, KEYS, grads(rank, step))
+    dist.barrier()
+    out["rows"] = [ops.emb_read(t, KEYS).cpu() for t in tables]
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        with torch_recdev.placement("table"):
+            self.users = nn.Embedding(1000, 4, device="recdev")
+            self.items = nn.EmbeddingBag(500, 4, mode="sum", device="recdev")
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, users, items, offsets):
+        return self.head(torch.cat([self.users(users).cpu(), self.items(items, offsets).cpu()], dim=1))
+
+
+def shared_model(out: dict) -> None:
+    rank = dist.get_rank()
+    torch.manual_seed(100 + rank)  # unlike seeds: the first declaration's init values stand
+    model = Model()
+    torch_recdev.optim.SGD([model.users.weight, model.items.weight], lr=0.25)
+    shared = torch_recdev.share_tables(model, prefix="fleet.model.")
+    out["names"] = sorted(shared)
+    users, items, offsets = torch.tensor([1, 2]), torch.tensor([5, 6, 7]), torch.tensor([0, 1])
+    dist.barrier()
+    before = (ops.emb_read(model.users.weight, users).cpu(), ops.emb_read(model.items.weight, items).cpu())
+    dist.barrier()
+    model(users, items, offsets).sum().backward()  # each rank one step: the tables get both
+    dist.barrier()
+    out["before"] = before
+    out["after"] = (ops.emb_read(model.users.weight, users).cpu(), ops.emb_read(model.items.weight, items).cpu())
+    out["head_weight"] = model.head.weight.detach().clone()
+
+
+def checkpoint(out: dict) -> None:
+    rank = dist.get_rank()
+    path = os.path.join(os.environ["FLEET_OUT"], "tables.recdev")
+    table = declare("fleet.ckpt")
+    ops.emb_update(table, KEYS, grads(rank, 0))
+    dist.barrier()
+    saved = ops.emb_read(table, KEYS).cpu()
+    if rank == 0:
+        ops.save(path)
+    dist.barrier()
+    ops.emb_update(table, KEYS, grads(rank, 1))  # trained past the checkpoint
+    dist.barrier()
+    # Resume: rank 0 drops the table and loads the file; every rank then declares it again.
+    if rank == 0:
+        ops.init_embedding_table("fleet.ckpt", 1000, 4, reset=True)
+        ops.load(path)
+    dist.barrier()
+    resumed = declare("fleet.ckpt")
+    out["saved"], out["resumed"] = saved, ops.emb_read(resumed, KEYS).cpu()
+
+
+SYNC_KINDS = ("Adagrad", "RowWiseAdagrad", "Adam")
+SYNC_STEPS, SYNC_BATCH, SYNC_IDS = 50, 128, 300  # the global batch; ids from [0, SYNC_IDS): many duplicates
+
+
+def sync_train(kind: str, rank: int, world: int, sync: bool) -> torch.Tensor:
+    """50 steps of one table, each on this rank's share of the step's global batch (world 1: all of
+    it, the single-process reference). Returns the rows the batches touch."""
+    torch.manual_seed(0)
+    table = ops.init_embedding_table(f"sync.{kind}", 10_000, 8, init=torch_recdev.Normal(0, 0.1), reset=rank == 0)
+    if world > 1:
+        dist.barrier()  # rank 0's reset before any rank trains
+    table.requires_grad_(True)
+    optimizer = getattr(torch_recdev.optim, kind)([table], lr=0.05, **({"sync": True} if sync else {}))
+    share = SYNC_BATCH // world
+    mine = slice(rank * share, (rank + 1) * share)
+    for step in range(SYNC_STEPS):
+        g = torch.Generator().manual_seed(1000 + step)
+        ids, weights = torch.randint(0, SYNC_IDS, (SYNC_BATCH,), generator=g), torch.randn(SYNC_BATCH, 8, generator=g)
+        (nn.functional.embedding(ids[mine], table).cpu() * weights[mine]).sum().backward()
+        optimizer.step()
+    return ops.emb_read(table, torch.arange(SYNC_IDS)).cpu()
+
+
+def sync_reference(out: dict) -> None:
+    out["sync"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True) for kind in SYNC_KINDS}
+    out["sync_store"] = torch_recdev.store_info()["kind"]
+
+
+def sync_killed(out: dict) -> None:
+    rank = dist.get_rank()
+    table = ops.init_embedding_table("sync.killed", 1000, 4, init=torch_recdev.Constant(1.0)).requires_grad_(True)
+    optimizer = torch_recdev.optim.SGD([table], lr=1.0, sync=True, sync_timeout=3)
+    nn.functional.embedding(torch.tensor([1, 2]), table).sum().backward()
+    optimizer.step()
+    out["after_step_1"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    if rank == 1:
+        finish(out)  # dies before step 2: no further word to the others
+    nn.functional.embedding(torch.tensor([2, 3]), table).sum().backward()
+    try:
+        optimizer.step()
+    except RuntimeError as error:
+        out["error"] = str(error)
+    out["after_failed_step"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    finish(out)
+
+
+def finish(out: dict) -> None:
+    """Writes what this rank saw and exits at once (without the group's goodbye, which a dead peer would hang)."""
+    torch.save(out, os.path.join(os.environ["FLEET_OUT"], f"rank{dist.get_rank()}.pt"))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    os.environ["FLEET_OUT"] = out_dir
+    dist.init_process_group("gloo")
+    out = {}
+    for name in scenario.split(","):
+        globals()[name](out)
+    torch.save(out, os.path.join(out_dir, f"rank{dist.get_rank()}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,99 @@
+"""2 trainers x 2 shards, as real processes (test/fleet/fleet_processes.py): the servers named on
+rank 0 only; every rank declares every table with its init and no update is lost (exact SGD sums);
+share_tables on a model; a checkpoint saved by rank 0 and resumed by all; sync=True equal to one
+process with the whole batch, on shards and on the embedded store; a rank killed in sync mode."""
+
+import pytest
+import torch
+
+from torch_recdev import local_shards
+
+import fleet_worker
+from fleet_processes import run_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """One fleet run of every scenario (each launch of two interpreters costs seconds)."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    servers = local_shards.start_shards(2, log_dir=str(tmp))
+    try:
+        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference", tmp,
+                        servers=local_shards.server_list(servers))
+        yield out, local_shards.server_list(servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_ranks_without_recdev_servers_get_rank_0s_store(fleet):
+    out, servers = fleet
+    for rank in out:
+        assert rank["store"]["kind"] == "remote" and ",".join(rank["store"]["servers"]) == servers
+
+
+def test_every_rank_declaring_every_table_loses_no_update(fleet):
+    out, _ = fleet
+    # Row k: 1 - lr * count(k) * sum over ranks and steps of 2^-(rank+2) * (step+1) = 1 - 2.8125 * count(k).
+    counts = torch.tensor([1.0, 2.0, 2.0, 1.0, 1.0]).unsqueeze(1)
+    expected = (1.0 - 2.8125 * counts).expand(5, 4)
+    for rank in out:
+        for rows in rank["rows"]:
+            assert torch.equal(rows, expected), rows
+
+
+def test_share_tables_names_the_tables_and_both_ranks_train_them(fleet):
+    out, _ = fleet
+    assert out[0]["names"] == out[1]["names"] == ["fleet.model.items.weight", "fleet.model.users.weight"]
+    for part in range(2):
+        # The first declaration's init values, whatever seed the other rank drew.
+        assert torch.equal(out[0]["before"][part], out[1]["before"][part])
+    heads = out[0]["head_weight"][0], out[1]["head_weight"][0]
+    # d(sum of outputs)/d(row) is the head's weight slice: each rank's step moves each row by -lr times it.
+    users_step = -0.25 * (heads[0][:4] + heads[1][:4])
+    items_step = -0.25 * (heads[0][4:] + heads[1][4:])
+    for rank in out:
+        torch.testing.assert_close(rank["after"][0] - rank["before"][0], users_step.expand(2, 4), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rank["after"][1] - rank["before"][1], items_step.expand(3, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_saved_by_rank_0_is_resumed_by_every_rank(fleet):
+    out, _ = fleet
+    for rank in out:
+        assert torch.equal(rank["resumed"], rank["saved"])
+    assert torch.equal(out[0]["saved"], out[1]["saved"])
+    assert not torch.equal(out[0]["saved"], torch.ones_like(out[0]["saved"]))
+
+
+@pytest.fixture(scope="module")
+def embedded_fleet(tmp_path_factory):
+    """Two ranks on their own embedded stores: synchronous replicas, then a rank killed mid-job."""
+    return run_fleet("sync_reference,sync_killed", tmp_path_factory.mktemp("embedded_fleet"))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The same 50 steps in this process (embedded), with the whole batch of each step; no sync."""
+    return {kind: fleet_worker.sync_train(kind, 0, 1, False) for kind in fleet_worker.SYNC_KINDS}
+
+
+@pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)
+def test_sync_on_two_shards_equals_one_process_with_the_whole_batch(fleet, reference, kind):
+    out, _ = fleet
+    assert out[0]["sync_store"] == "remote"
+    for rank in out:
+        torch.testing.assert_close(rank["sync"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)
+def test_sync_on_embedded_replicas_equals_one_process_with_the_whole_batch(embedded_fleet, reference, kind):
+    assert embedded_fleet[0]["sync_store"] == "embedded"
+    for rank in embedded_fleet:
+        torch.testing.assert_close(rank["sync"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+def test_a_killed_rank_in_sync_mode_is_named_and_nothing_is_half_applied(embedded_fleet):
+    survivor = embedded_fleet[0]
+    assert "rank 1 of 2 did not reach it within 3 s" in survivor["error"], survivor.get("error")
+    assert torch.equal(survivor["after_failed_step"], survivor["after_step_1"])
+    assert survivor["after_step_1"].tolist() == [[-1.0] * 4, [-1.0] * 4, [1.0] * 4]  # both ranks' step 1
