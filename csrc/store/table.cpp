@@ -676,11 +676,11 @@ void Table::erase_rows(const uint64_t* ids, size_t n) {
 }
 
 TableStats Table::stats() const {
+  // Held while the sub-shards are counted: a request under a policy evicts in one sub-shard and
+  // admits in another, and a count between the two would see the budget exceeded.
+  std::lock_guard<std::mutex> policy_lock(policy_mutex_);
   PolicyStats policy;
-  {
-    std::lock_guard<std::mutex> lock(policy_mutex_);
-    if (policy_) policy = policy_->stats();
-  }
+  if (policy_) policy = policy_->stats();
   TableStats stats{num_rows_,
                    dim_,
                    0,
