@@ -63,6 +63,14 @@ void save_checkpoint(RemoteSession& session, const std::string& path) {
 std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path) {
   store::Store local;
   const std::vector<std::string> names = store::load_store(path, local);
+  for (const std::string& name : names) {
+    if (local.table(*local.find(name))->policy().active()) {
+      throw StoreError(ErrorCode::InvalidArgument,
+                       "cannot load checkpoint '" + path + "' into a remote store: its table '" + name +
+                           "' has a budget policy (" + store::describe(local.table(*local.find(name))->policy()) +
+                           "), which remote tables do not support yet; load it into an embedded store");
+    }
+  }
   RemoteSession::Lease lease(session);
   std::vector<std::unique_ptr<TableLoad>> loads;
   std::vector<const TableLoad*> staged;

@@ -245,6 +245,16 @@ void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
 
 store::TablePolicyConfig RemoteTable::policy() const { return {}; }
 
+std::optional<store::Table::PolicyState> RemoteTable::policy_state() const { return std::nullopt; }
+
+void RemoteTable::restore_policy_state(const store::Table::PolicyState& state) {
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "cannot restore the budget policy (" + store::describe(state.config) + ") of a saved table into " +
+                       label() +
+                       ": budgets, eviction and admission are not supported on remote tables yet (the servers' "
+                       "protocol does not carry them); load it with an embedded store");
+}
+
 void RemoteTable::erase(const uint64_t* ids, size_t n) {
   check_ids(ids, n);
   fan_out_ids(ids, n, Opcode::Erase, 0, [](const Call&, const size_t*, size_t) {});

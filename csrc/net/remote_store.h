@@ -59,6 +59,9 @@ class RemoteTable final : public store::TableHandle {
   // Not carried by the protocol yet: set_policy refuses with InvalidArgument, policy() is none.
   void set_policy(const store::TablePolicyConfig& config) override;
   store::TablePolicyConfig policy() const override;
+  // nullopt; restoring one refuses as set_policy does.
+  std::optional<store::Table::PolicyState> policy_state() const override;
+  void restore_policy_state(const store::Table::PolicyState& state) override;
 
   void set_optimizer(const store::OptimizerConfig& config) override;
   store::OptimizerConfig optimizer() const override;

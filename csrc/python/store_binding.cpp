@@ -483,7 +483,19 @@ void bind_checkpoints(py::module_& s) {
       .def_readonly("init_stream", &CheckpointTableInfo::init_stream)
       .def_readonly("optimizer", &CheckpointTableInfo::optimizer)
       .def_readonly("optimizer_step", &CheckpointTableInfo::optimizer_step)
-      .def_readonly("row_count", &CheckpointTableInfo::row_count);
+      .def_readonly("row_count", &CheckpointTableInfo::row_count)
+      .def_property_readonly(
+          "policy",
+          [](const CheckpointTableInfo& info) -> py::object {
+            if (!info.policy) return py::none();
+            return policy_to_dict(info.policy->config);
+          },
+          "The saved budget policy (as Table.policy), or None (no policy, or a file older than format 4).")
+      .def_property_readonly(
+          "policy_rows", [](const CheckpointTableInfo& info) -> uint64_t {
+            return info.policy ? info.policy->touches.size() : 0;
+          },
+          "The rows whose touch metadata the file holds.");
 
   s.def(
       "save_table",

@@ -2,13 +2,18 @@
 
 #include "device/table_storage.h"
 
+#include "store/checkpoint.h"
 #include "store/chunk_pool.h"
 #include "store/crc32.h"
+#include "store/errors.h"
 #include "store/table_handle.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+
+#include <algorithm>
+#include <optional>
 
 namespace recdev::device {
 
@@ -100,6 +105,8 @@ py::tuple table_snapshot(const at::Tensor& t) {
   store::TableScanHeader header;
   at::Tensor ids, records;
   std::vector<uint32_t> ids_crc32, records_crc32;
+  std::optional<store::Table::PolicyState> policy;
+  std::string policy_block;
   {
     py::gil_scoped_release no_gil;
     block.table().scan_into([&](const store::TableScanHeader& h) {
@@ -112,6 +119,17 @@ py::tuple table_snapshot(const at::Tensor& t) {
     });
     ids_crc32 = chunk_crc32s(ids, kChecksumChunkBytes);
     records_crc32 = chunk_crc32s(records, kChecksumChunkBytes);
+    policy = block.table().policy_state();
+    if (policy) {
+      // The metadata of the rows saved (a request between the snapshot and now may have added rows).
+      const auto* saved = reinterpret_cast<const uint64_t*>(ids.const_data_ptr<int64_t>());
+      std::vector<uint64_t> sorted(saved, saved + ids.numel());
+      std::sort(sorted.begin(), sorted.end());
+      std::erase_if(policy->touches, [&](const store::RowTouch& row) {
+        return !std::binary_search(sorted.begin(), sorted.end(), row.id);
+      });
+      policy_block = store::encode_policy_state(*policy);
+    }
   }
   const store::TableConfig& config = header.config;
   const store::OptimizerConfig& optimizer = header.optimizer;
@@ -134,6 +152,12 @@ py::tuple table_snapshot(const at::Tensor& t) {
   d["header_crc32"] = header_crc32({block.nbytes, block.row_bytes, header});
   d["ids_crc32"] = ids_crc32;
   d["records_crc32"] = records_crc32;
+  // Only tables with a budget policy have these (so older snapshots and their readers are unchanged):
+  // the policy with its touch metadata (checkpoint.h's encode_policy_state) and its CRC-32.
+  if (policy) {
+    d["policy"] = py::bytes(policy_block);
+    d["policy_crc32"] = store::crc32_update(0, policy_block.data(), policy_block.size());
+  }
   return py::make_tuple(d, ids, records);
 }
 
@@ -306,17 +330,35 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
       refuse("row id " + std::to_string(id[i]) + " is out of range for " + std::to_string(config.num_rows) + " rows");
     }
   }
+  std::optional<store::Table::PolicyState> policy;
+  if (header.contains("policy")) {
+    const auto block = field<std::string>(header, "policy");
+    if (field<uint32_t>(header, "policy_crc32") != store::crc32_update(0, block.data(), block.size())) {
+      throw py::value_error(
+          "torch.load: the saved recdev table " + table + " is damaged: the checksum (CRC-32) of its budget policy "
+          "does not match the one torch.save wrote, so the file changed after it was saved. Nothing of this table "
+          "was loaded; load an intact copy of the file.");
+    }
+    try {
+      policy = store::decode_policy_state(block.data(), block.size(), config.num_rows, saved.table.row_count);
+    } catch (const store::StoreError& error) {
+      refuse(std::string("its budget ") + error.what());
+    }
+  }
   const store::TableScanHeader table_header = saved.table;
   c10::Storage storage = make_table_storage(saved.nbytes, saved.row_bytes, config.dtype);
-  table_block(storage)->defer_rows([table_header, id_values, record_values](store::TableHandle& into) {
+  table_block(storage)->defer_rows([table_header, id_values, record_values, policy](store::TableHandle& into) {
     store::RowSet rows(table_header.config.dim + table_header.config.state_floats);
     // In range, so non-negative: the same values as uint64.
     const int64_t* id = id_values.const_data_ptr<int64_t>();
     const auto repeat = rows.insert_all(
         reinterpret_cast<const uint64_t*>(id), record_values.const_data_ptr<float>(), table_header.row_count);
     TORCH_CHECK_VALUE(!repeat, kDamaged, "row ", repeat ? id[*repeat] : 0, " appears twice");
+    // The saved policy replaces the table's own, which could otherwise evict installed rows it keeps.
+    if (policy) into.set_policy(store::TablePolicyConfig{});
     into.install(rows, table_header.config.init, table_header.init_stream, table_header.optimizer,
                  table_header.optimizer_step);
+    if (policy) into.restore_policy_state(*policy);
   });
   auto raw = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());

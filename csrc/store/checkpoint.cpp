@@ -5,11 +5,15 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "crc32.h"
 #include "errors.h"
+#include "frequency_sketch.h"
 #include "file_io.h"
 
 namespace recdev::store {
@@ -21,7 +25,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'T', 'B'};
 // 3: the u32 after init_kind, reserved (0) in version 2, is the table's element type
 // (element_type.h; 0 is float32, so a version 2 file reads as float32 tables).
-constexpr uint32_t kFormatVersion = 3;
+// 4: every section ends with its policy block (u64 policy_bytes, then that many bytes of
+// encode_policy_state; 0 for a table without a policy).
+constexpr uint32_t kFormatVersion = 4;
+constexpr uint32_t kPolicyFormatVersion = 4;
 constexpr uint32_t kOldestFormatVersion = 2;
 constexpr uint32_t kMaxNameLength = 4096;
 // magic, version, table_count, crc
@@ -32,6 +39,54 @@ constexpr uint64_t kSectionFixedBytes = 4 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 
 constexpr uint64_t kCrcBytes = 4;
 // Rows are read in batches of about this many bytes.
 constexpr size_t kReadBatchBytes = size_t{1} << 20;
+
+
+// The policy block's fixed part: config (u64 max_rows, u64 max_bytes, u32 evict, u32 admit_after,
+// f64 half_life, u64 ttl_steps, f64 ttl_seconds, u32 sketch_width, u32 reserved), clocks (5 x u64),
+// u64 sketch_since_aging, u64 sketch_count; then sketch_count x u16, u64 touch_count and touch_count
+// x (u64 id, u64 tick, u64 step, f64 age in seconds, f64 lfu score).
+constexpr uint64_t kPolicyFixedBytes = 8 + 8 + 4 + 4 + 8 + 8 + 8 + 4 + 4 + 5 * 8 + 8 + 8;
+constexpr uint64_t kTouchBytes = 5 * 8;
+
+class ByteWriter {
+ public:
+  template <class T>
+  void put(const T& value) {
+    bytes_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  std::string take() { return std::move(bytes_); }
+
+ private:
+  std::string bytes_;
+};
+
+class ByteReader {
+ public:
+  ByteReader(const void* data, size_t size) : data_(static_cast<const char*>(data)), size_(size) {}
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T value;
+    std::memcpy(&value, data_ + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return value;
+  }
+  uint64_t remaining() const { return size_ - offset_; }
+  void need(uint64_t bytes) const {
+    if (bytes > remaining()) {
+      throw StoreError(ErrorCode::Corrupt, "policy block of " + std::to_string(size_) + " bytes is truncated");
+    }
+  }
+
+ private:
+  const char* data_;
+  size_t size_;
+  size_t offset_ = 0;
+};
+
+[[noreturn]] void bad_policy(const std::string& problem) {
+  throw StoreError(ErrorCode::Corrupt, "policy block " + problem);
+}
 
 struct StagedTable {
   CheckpointTableInfo info;
@@ -120,6 +175,8 @@ class ChecksummedReader {
 uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Table& table) {
   size_t record_bytes = 0;
   uint64_t rows = 0;
+  const bool policy = table.policy().active();
+  std::vector<uint64_t> written;
   table.scan(
       [&](const TableScanHeader& header) {
         const TableConfig& config = header.config;
@@ -152,7 +209,22 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
       [&](uint64_t row_id, const float* record) {
         out.put(row_id);
         out.put_bytes(record, record_bytes);
+        if (policy) written.push_back(row_id);
       });
+  // The policy as of just after the snapshot: metadata of rows a request added meanwhile is left
+  // out (rows it evicted meanwhile are in the file and get fresh metadata at load).
+  std::string block;
+  if (policy) {
+    if (std::optional<Table::PolicyState> state = table.policy_state()) {
+      std::sort(written.begin(), written.end());
+      std::erase_if(state->touches, [&](const RowTouch& row) {
+        return !std::binary_search(written.begin(), written.end(), row.id);
+      });
+      block = encode_policy_state(*state);
+    }
+  }
+  out.put(uint64_t(block.size()));
+  out.put_bytes(block.data(), block.size());
   return rows;
 }
 
@@ -179,8 +251,8 @@ CheckpointSummary write_checkpoint(const std::string& path, const std::vector<st
 
 // Reads one section. check_header sees the header before any row is read; rows are staged only if
 // stage_rows (otherwise they are just checked and checksummed).
-StagedTable read_section(ChecksummedReader& in, const std::string& path, size_t index, const HeaderCheck& check_header,
-                         bool stage_rows) {
+StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_t version, size_t index,
+                         const HeaderCheck& check_header, bool stage_rows) {
   CheckpointTableInfo info;
   const uint32_t name_length = in.get<uint32_t>();
   if (name_length > kMaxNameLength || name_length > in.remaining()) {
@@ -257,6 +329,24 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, size_t 
     }
     done += count;
   }
+  if (version >= kPolicyFormatVersion) {
+    if (in.remaining() < sizeof(uint64_t) + kCrcBytes) corrupt(path, "is truncated in the policy block of " + table);
+    const uint64_t policy_bytes = in.get<uint64_t>();
+    if (policy_bytes > in.remaining() - kCrcBytes) {
+      corrupt(path, "is truncated: the policy block of " + table + " has " + std::to_string(policy_bytes) +
+                        " bytes but only " + std::to_string(in.remaining()) + " bytes remain");
+    }
+    if (policy_bytes != 0) {
+      std::string block(policy_bytes, '\0');
+      in.get_bytes(block.data(), block.size());
+      try {
+        staged.info.policy =
+            decode_policy_state(block.data(), block.size(), staged.info.config.num_rows, staged.info.row_count);
+      } catch (const StoreError& error) {
+        corrupt(path, "has a bad policy block in " + table + ": " + error.what());
+      }
+    }
+  }
   return staged;
 }
 
@@ -271,7 +361,7 @@ std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCh
   const uint32_t version = in.get<uint32_t>();
   if (version < kOldestFormatVersion || version > kFormatVersion) {
     corrupt(path, "has unsupported format version " + std::to_string(version) + "; this build reads versions " +
-                      std::to_string(kOldestFormatVersion) + " and " + std::to_string(kFormatVersion));
+                      std::to_string(kOldestFormatVersion) + " to " + std::to_string(kFormatVersion));
   }
   const uint32_t table_count = in.get<uint32_t>();
   if (table_count > (in.remaining() - kCrcBytes) / kSectionFixedBytes) {
@@ -281,7 +371,7 @@ std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCh
   std::vector<StagedTable> staged;
   staged.reserve(table_count);
   for (size_t index = 0; index < table_count; ++index) {
-    staged.push_back(read_section(in, path, index, check_header, stage_rows));
+    staged.push_back(read_section(in, path, version, index, check_header, stage_rows));
   }
   if (in.remaining() != kCrcBytes) {
     corrupt(path, "has " + std::to_string(in.remaining() - std::min(in.remaining(), kCrcBytes)) +
@@ -297,7 +387,111 @@ std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCh
   return staged;
 }
 
+// The rows, init rule and optimizer, and the file's policy if it has one: the table's own policy is
+// removed first so that it does not evict installed rows the file's policy keeps. A file without a
+// policy leaves the table's policy, which adopts the rows (table.h).
+void install_staged(Table& table, StagedTable& staged) {
+  const CheckpointTableInfo& info = staged.info;
+  if (info.policy) table.set_policy(TablePolicyConfig{});
+  table.install(staged.rows, info.config.init, info.init_stream, info.optimizer, info.optimizer_step);
+  if (info.policy) table.restore_policy_state(*info.policy);
+}
+
 }  // namespace
+
+std::string encode_policy_state(const Table::PolicyState& state) {
+  ByteWriter out;
+  const TablePolicyConfig& config = state.config;
+  out.put(config.max_rows);
+  out.put(config.max_bytes);
+  out.put(uint32_t(config.evict));
+  out.put(config.admit_after);
+  out.put(config.half_life);
+  out.put(config.ttl_steps);
+  out.put(config.ttl_seconds);
+  out.put(config.sketch_width);
+  out.put(uint32_t{0});
+  for (uint64_t clock : {state.clocks.tick, state.clocks.step, state.clocks.evicted, state.clocks.admitted,
+                         state.clocks.pending}) {
+    out.put(clock);
+  }
+  out.put(state.sketch_since_aging);
+  out.put(uint64_t(state.sketch.size()));
+  for (uint16_t counter : state.sketch) out.put(counter);
+  out.put(uint64_t(state.touches.size()));
+  for (const RowTouch& row : state.touches) {
+    out.put(row.id);
+    out.put(row.tick);
+    out.put(row.step);
+    out.put(row.time);
+    out.put(row.score);
+  }
+  return out.take();
+}
+
+Table::PolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches) {
+  ByteReader in(data, size);
+  in.need(kPolicyFixedBytes);
+  Table::PolicyState state;
+  TablePolicyConfig& config = state.config;
+  config.max_rows = in.get<uint64_t>();
+  config.max_bytes = in.get<uint64_t>();
+  const uint32_t evict = in.get<uint32_t>();
+  if (evict > uint32_t(EvictKind::Ttl)) bad_policy("has an unknown eviction kind " + std::to_string(evict));
+  config.evict = EvictKind(evict);
+  config.admit_after = in.get<uint32_t>();
+  config.half_life = in.get<double>();
+  config.ttl_steps = in.get<uint64_t>();
+  config.ttl_seconds = in.get<double>();
+  config.sketch_width = in.get<uint32_t>();
+  if (in.get<uint32_t>() != 0) bad_policy("has a non-zero reserved field");
+  if (!config.active()) bad_policy("holds an inactive policy");
+  try {
+    validate_policy(config);
+  } catch (const StoreError& error) {
+    bad_policy(std::string("holds an invalid policy: ") + error.what());
+  }
+  state.clocks.tick = in.get<uint64_t>();
+  state.clocks.step = in.get<uint64_t>();
+  state.clocks.evicted = in.get<uint64_t>();
+  state.clocks.admitted = in.get<uint64_t>();
+  state.clocks.pending = in.get<uint64_t>();
+  state.sketch_since_aging = in.get<uint64_t>();
+  const uint64_t sketch_count = in.get<uint64_t>();
+  const uint64_t sketch_expected = config.admit_after > 1 ? FrequencySketch::kDepth * uint64_t{config.sketch_width} : 0;
+  if (sketch_count != 0 && sketch_count != sketch_expected) {
+    bad_policy("has an admission sketch of " + std::to_string(sketch_count) + " counters; its policy's holds " +
+               std::to_string(sketch_expected));
+  }
+  in.need(sketch_count * sizeof(uint16_t));
+  state.sketch.resize(sketch_count);
+  for (uint16_t& counter : state.sketch) counter = in.get<uint16_t>();
+  const uint64_t touch_count = in.get<uint64_t>();
+  if (touch_count > max_touches || touch_count > in.remaining() / kTouchBytes) {
+    bad_policy("claims touch metadata for " + std::to_string(touch_count) + " rows, more than its table's " +
+               std::to_string(max_touches) + " rows or its " + std::to_string(size) + " bytes hold");
+  }
+  state.touches.resize(touch_count);
+  std::vector<uint64_t> ids;
+  ids.reserve(touch_count);
+  for (RowTouch& row : state.touches) {
+    row.id = in.get<uint64_t>();
+    row.tick = in.get<uint64_t>();
+    row.step = in.get<uint64_t>();
+    row.time = in.get<double>();
+    row.score = in.get<double>();
+    if (row.id >= num_rows) {
+      bad_policy("has touch metadata for row " + std::to_string(row.id) + ", outside [0, " + std::to_string(num_rows) +
+                 ")");
+    }
+    ids.push_back(row.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  const auto repeat = std::adjacent_find(ids.begin(), ids.end());
+  if (repeat != ids.end()) bad_policy("has touch metadata for row " + std::to_string(*repeat) + " twice");
+  if (in.remaining() != 0) bad_policy("has " + std::to_string(in.remaining()) + " unexpected bytes at its end");
+  return state;
+}
 
 void save_table(const std::string& path, const Table& table, const std::string& name) {
   write_checkpoint(path, {{name, &table}});
@@ -317,8 +511,7 @@ void load_table(const std::string& path, Table& table) {
       },
       true);
   if (staged.empty()) corrupt(path, "holds no table");
-  const CheckpointTableInfo& info = staged[0].info;
-  table.install(staged[0].rows, info.config.init, info.init_stream, info.optimizer, info.optimizer_step);
+  install_staged(table, staged[0]);
 }
 
 CheckpointSummary save_store(const std::string& path, const Store& store) {
@@ -355,8 +548,7 @@ std::vector<std::string> load_store(const std::string& path, Store& store) {
   std::vector<std::string> names;
   names.reserve(staged.size());
   for (size_t i = 0; i < staged.size(); ++i) {
-    const CheckpointTableInfo& info = staged[i].info;
-    targets[i]->install(staged[i].rows, info.config.init, info.init_stream, info.optimizer, info.optimizer_step);
+    install_staged(*targets[i], staged[i]);
     names.push_back(staged[i].info.name);
   }
   return names;

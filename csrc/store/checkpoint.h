@@ -1,26 +1,39 @@
 // Checkpoint files: tables as their init rule plus their materialized rows only, so a file's size
 // follows the rows touched, not num_rows.
 //
-// Byte layout, format version 2. Integers are unsigned little-endian, f64/f32 are IEEE-754
+// Byte layout, format version 4. Integers are unsigned little-endian, f64/f32 are IEEE-754
 // little-endian; row floats are stored bit-exactly (nan payloads included).
 //
-//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 2 | u32 table_count
+//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 4 | u32 table_count
 //               | table_count x section | u32 crc
 //   section  := u32 name_length (<= 4096) | name (UTF-8, name_length bytes; empty = anonymous)
 //               | u64 num_rows | u32 dim | u32 state_floats
-//               | u32 init_kind (InitKind) | u32 reserved = 0 | f64 init_a | f64 init_b | u64 init_seed
+//               | u32 init_kind (InitKind) | u32 element_type | f64 init_a | f64 init_b | u64 init_seed
 //               | u64 init_stream          (the table id that fill_row draws init values with)
 //               | u32 optimizer_kind (OptimizerKind) | u32 reserved = 0
 //               | f64 lr | f64 weight_decay | f64 eps | f64 lr_decay | f64 initial_accumulator_value
 //               | f64 beta1 | f64 beta2 | u64 optimizer_step
 //               | u64 row_count | row_count x row
+//               | u64 policy_bytes | policy (policy_bytes bytes; 0: the table has no policy)
 //   row      := u64 row_id | (dim + state_floats) x f32   (weight, then optimizer state)
 //   crc      := CRC-32 (zlib.crc32) of every byte before it
 //
 // Writing is atomic (file_io.h): a temporary file in the same directory, fsync, rename, fsync of the
 // directory. A table is written as a point-in-time snapshot (Table::scan).
 //
-// Version 1 (no optimizer) files are refused as an unsupported version.
+//   policy   := u64 max_rows | u64 max_bytes | u32 evict (EvictKind) | u32 admit_after | f64 half_life
+//               | u64 ttl_steps | f64 ttl_seconds | u32 sketch_width | u32 reserved = 0
+//               | u64 tick | u64 step | u64 evicted | u64 admitted | u64 pending (TablePolicy::Clocks)
+//               | u64 sketch_since_aging | u64 sketch_count | sketch_count x u16 (0 or 4 x sketch_width)
+//               | u64 touch_count | touch_count x (u64 id | u64 tick | u64 step | f64 age_seconds
+//               | f64 lfu_score)   (the rows' touch metadata, in eviction order; only rows in the file)
+// Version 3 is version 4 without the policy blocks; version 2 has a reserved 0 for the element
+// type (float32). Both still load (their tables have no policy). Version 1 (no optimizer) files are
+// refused as an unsupported version.
+//
+// Loading a table with a policy removes the destination's policy, installs the rows, then restores
+// the saved policy and metadata (Table::restore_policy_state); without one, the destination's
+// policy stays and adopts the rows.
 //
 // Loading verifies everything before it changes anything: magic, version, that every count fits in
 // the file's size (so a corrupt count cannot cause a huge allocation), each section's config,
@@ -32,6 +45,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +62,17 @@ struct CheckpointTableInfo {
   OptimizerConfig optimizer;
   uint64_t optimizer_step;
   uint64_t row_count;
+  // The table's budget policy with its touch metadata, clocks and sketch (format 4; none in older
+  // files and for tables without a policy).
+  std::optional<Table::PolicyState> policy;
 };
+
+// A policy state as bytes (the policy block of format 4, also what torch.save of a module table
+// carries), and back. decode verifies everything restore_policy_state relies on (a valid config, a
+// sketch of the config's size, distinct row ids below num_rows, at most max_touches rows) and throws
+// StoreError(Corrupt) naming the problem otherwise.
+std::string encode_policy_state(const Table::PolicyState& state);
+Table::PolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches);
 
 // One table per file. `name` is recorded for information (load_table ignores it).
 void save_table(const std::string& path, const Table& table, const std::string& name = {});

@@ -43,6 +43,8 @@ void LocalTable::erase(const uint64_t* ids, size_t n) { table_->erase(ids, n); }
 TableStats LocalTable::stats() const { return table_->stats(); }
 void LocalTable::set_policy(const TablePolicyConfig& config) { table_->set_policy(config); }
 TablePolicyConfig LocalTable::policy() const { return table_->policy(); }
+std::optional<Table::PolicyState> LocalTable::policy_state() const { return table_->policy_state(); }
+void LocalTable::restore_policy_state(const Table::PolicyState& state) { table_->restore_policy_state(state); }
 
 void LocalTable::set_optimizer(const OptimizerConfig& config) { table_->set_optimizer(config); }
 OptimizerConfig LocalTable::optimizer() const { return table_->optimizer(); }

@@ -38,6 +38,8 @@ class LocalTable final : public TableHandle {
   TableStats stats() const override;
   void set_policy(const TablePolicyConfig& config) override;
   TablePolicyConfig policy() const override;
+  std::optional<Table::PolicyState> policy_state() const override;
+  void restore_policy_state(const Table::PolicyState& state) override;
 
   void set_optimizer(const OptimizerConfig& config) override;
   OptimizerConfig optimizer() const override;

@@ -1122,16 +1122,22 @@ std::optional<Table::PolicyPass> Table::enter_policy(const uint64_t* ids, size_t
   return PolicyPass{std::move(lock), std::move(decision)};
 }
 
+// As read_rows' second pass: computing init values is most of it, so sub-shards go to several
+// threads, with one reserve per sub-shard and the ids and buckets ahead prefetched.
 void Table::materialize_rows(const uint64_t* ids, size_t n) {
+  if (n == 0) return;
   const ShardRoute route(ids, n);
-  for (size_t s = 0; s < kNumShards; ++s) {
-    if (route.begin(s) == route.end(s)) continue;
+  run_tasks(kNumShards, threads_for(n, kMaterializeRowsPerThread), [&](size_t s) {
+    if (route.begin(s) == route.end(s)) return;
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
+    shard.rows.reserve(shard.rows.size() + (route.end(s) - route.begin(s)));
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      if (entry + 2 * kBucketAhead < route.end(s)) prefetch(&ids[route.position(entry + 2 * kBucketAhead)]);
+      if (entry + kBucketAhead < route.end(s)) shard.rows.prefetch_bucket(route.hash(entry + kBucketAhead));
       materialize(shard, ids[route.position(entry)], route.hash(entry));
     }
-  }
+  });
 }
 
 void Table::evict_now(const std::vector<uint64_t>& victims) {

@@ -345,7 +345,8 @@ class Table {
   template <class T>
   void apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
                                    size_t value_count);
-  // Erases rows (no checks, request_mutex_ held shared by the caller), and materializes rows.
+  // Erases rows (no checks, request_mutex_ held shared by the caller), and materializes rows (the
+  // admitted rows' init values, sub-shards on several threads as read_rows' second pass).
   void erase_rows(const uint64_t* ids, size_t n);
   void materialize_rows(const uint64_t* ids, size_t n);
   // Erases rows the policy evicted outside a request (set_policy, set_optimizer, install), holding

@@ -57,6 +57,10 @@ class TableHandle {
   // Budget, eviction and admission (table_policy.h).
   virtual void set_policy(const TablePolicyConfig& config) = 0;
   virtual TablePolicyConfig policy() const = 0;
+  // The policy with its touch metadata (nullopt without a policy), and restoring it after the rows
+  // were installed (Table::policy_state, restore_policy_state): what torch.save of a table carries.
+  virtual std::optional<Table::PolicyState> policy_state() const = 0;
+  virtual void restore_policy_state(const Table::PolicyState& state) = 0;
 
   virtual void set_optimizer(const OptimizerConfig& config) = 0;
   virtual OptimizerConfig optimizer() const = 0;

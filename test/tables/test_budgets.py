@@ -129,3 +129,60 @@ def test_remote_tables_refuse_a_policy_clearly(remote_shards):
         assert torch_recdev.table_policy(table)["max_rows"] is None
     finally:
         torch_recdev.connect(None)
+
+
+def _steps(table, seed, count=25, dim=4, write_every=0):
+    """Lookups of mostly repeated ids then updates (tables with an optimizer) or, every write_every-th
+    step, writes of a few rows; yields after each step."""
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(count):
+        keys = torch.randint(0, 200, (12,), generator=generator)
+        ops.emb_read(table, keys)
+        ops.emb_read(table, keys[:6])
+        values = torch.randn(12, dim, generator=generator)
+        if not write_every:
+            ops.emb_update(table, keys, values)
+        elif step % write_every == 0:
+            ops.emb_write(table, keys[:3], values[:3])
+        yield
+
+
+def _held(table):
+    keys = torch.arange(200)
+    stats = torch_recdev.table_stats(table)
+    return keys[ops.emb_exists(table, keys)].tolist(), (stats["rows"], stats["evicted"], stats["admitted"])
+
+
+@pytest.mark.parametrize("policy", [dict(evict="lru"), dict(evict="lru", admit_after=2)], ids=["lru", "admit_after"])
+def test_ops_save_and_load_carry_the_policy_and_touch_metadata(tmp_path, policy):
+    name = _name()
+    table = ops.init_embedding_table(name, 10**9, 4, init=torch_recdev.Normal(0, 0.1), max_rows=40,
+                                     optimizer=("sgd", {"lr": 0.1}), **policy)
+    for _ in _steps(table, seed=1):
+        pass
+    ops.save(tmp_path / "ckpt")
+    after_save = [_held(table) for _ in _steps(table, seed=2)]
+    # Another policy meanwhile: the load brings back the saved one, which the same steps follow exactly.
+    torch_recdev.set_table_policy(table, max_rows=5, evict="lfu")
+    assert name in ops.load(tmp_path / "ckpt")
+    assert torch_recdev.table_policy(table) == dict(max_rows=40, max_bytes=None, ttl=None,
+                                                    **{"admit_after": 1, **policy})
+    assert [_held(table) for _ in _steps(table, seed=2)] == after_save
+    assert torch_recdev.table_stats(table)["rows"] == 40
+
+
+@pytest.mark.parametrize("policy", [dict(evict="lru"), dict(evict="lru", admit_after=2)], ids=["lru", "admit_after"])
+def test_torch_save_and_load_of_a_table_carry_the_policy(tmp_path, policy):
+    with torch_recdev.placement("table"):
+        embedding = torch.nn.Embedding(10**6, 4, device="recdev")
+    weight = embedding.weight.detach()
+    torch_recdev.set_table_policy(weight, max_rows=40, **policy)
+    for _ in _steps(weight, seed=3, write_every=4):
+        pass
+    torch.save(weight, tmp_path / "w.pt")
+    loaded = torch.load(tmp_path / "w.pt", weights_only=False)
+    assert torch_recdev.table_policy(loaded) == torch_recdev.table_policy(weight)
+    assert _held(loaded)[0] == _held(weight)[0]
+    for _ in zip(_steps(weight, seed=4, write_every=4), _steps(loaded, seed=4, write_every=4)):
+        assert _held(loaded) == _held(weight)
+    assert torch_recdev.table_stats(loaded)["rows"] == 40
