@@ -794,6 +794,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   }
   const uint32_t state_floats = rows.record_floats() - dim_;
   if (optimizer.kind != OptimizerKind::None) require_numeric("installing an optimizer");
+  check_stochastic_rounding(optimizer);
   if (optimizer.kind != OptimizerKind::None && state_floats != optimizer_state_words(optimizer.kind, dtype_, dim_)) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "cannot install rows with " + std::to_string(state_floats) + " state words into table " +
@@ -830,9 +831,18 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
 
 // ---- Fused optimizer ----
 
+void Table::check_stochastic_rounding(const OptimizerConfig& config) const {
+  if (!config.stochastic_rounding || dtype_ == ElementType::Float16 || dtype_ == ElementType::BFloat16) return;
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "table " + std::to_string(id_) + " holds " + element_type_name(dtype_) +
+                       " rows: stochastic_rounding applies to float16 and bfloat16 tables only (their float32 "
+                       "update is rounded to 16 bits; " + element_type_name(dtype_) + " rows are not rounded)");
+}
+
 void Table::set_optimizer(const OptimizerConfig& config) {
   validate_optimizer(config);
   if (config.kind != OptimizerKind::None) require_numeric(("attaching optimizer " + describe(config)).c_str());
+  check_stochastic_rounding(config);
   const uint32_t new_state_floats = optimizer_state_words(config.kind, dtype_, dim_);
   check_record_floats(new_state_floats);
   // float64 tables keep the value exactly; the others hold it in float32.
@@ -1073,7 +1083,11 @@ void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradi
         } else {
           widen_to_float(dtype_, record, weight.data(), elements_);
           rule.apply(weight.data(), record + dim_, rows[k].grad);
-          narrow_from_float(dtype_, weight.data(), record, elements_);
+          if (rule.stochastic_rounding()) {
+            narrow_stochastic(dtype_, weight.data(), record, elements_, rule.rounding_key(rows[k].id));
+          } else {
+            narrow_from_float(dtype_, weight.data(), record, elements_);
+          }
         }
       });
 }
