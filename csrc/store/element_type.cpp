@@ -2,7 +2,11 @@
 
 #include <cmath>
 
+#include "cpu_features.h"
 #include "errors.h"
+#ifdef RECDEV_STORE_AVX2_KERNELS
+#include <immintrin.h>
+#endif
 
 namespace recdev::store {
 
@@ -67,12 +71,33 @@ uint16_t float_to_half(float f) {
   return uint16_t(sign | (rounded >> 13));
 }
 
+namespace {
+
+#ifdef RECDEV_STORE_AVX2_KERNELS
+// The leading count / 8 * 8 halves widened 8 at a time (every AVX2 CPU has F16C; the conversion is
+// exact, as half_to_float's); returns how many.
+__attribute__((target("avx2,f16c"))) size_t widen_halves_f16c(const uint16_t* src, float* out, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  return i;
+}
+#endif
+
+}  // namespace
+
 void widen_to_float(ElementType type, const void* src, float* out, size_t count) {
   const auto* halves = static_cast<const uint16_t*>(src);
   switch (type) {
-    case ElementType::Float16:
-      for (size_t i = 0; i < count; ++i) out[i] = half_to_float(halves[i]);
+    case ElementType::Float16: {
+      size_t i = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+      if (cpu_has_avx2()) i = widen_halves_f16c(halves, out, count);
+#endif
+      for (; i < count; ++i) out[i] = half_to_float(halves[i]);
       return;
+    }
     case ElementType::BFloat16:
       for (size_t i = 0; i < count; ++i) out[i] = bfloat16_to_float(halves[i]);
       return;
