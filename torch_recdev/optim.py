@@ -58,6 +58,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[torch.Tensor], *, sync: bool = False, sync_timeout: float = 60.0,
                  **hyperparameters):
+        stochastic_rounding = bool(hyperparameters.pop("stochastic_rounding", False))
         unknown = set(hyperparameters) - set(self.defaults_for_store)
         if unknown:
             raise TypeError(
@@ -65,6 +66,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 f"it takes {sorted(self.defaults_for_store)}"
             )
         defaults = {**self.defaults_for_store, **hyperparameters}
+        defaults.update(_rounding_defaults(stochastic_rounding))
         super().__init__(params, defaults)
         # Check every parameter before attaching to any, so a refusal leaves no table changed.
         for group in self.param_groups:
@@ -76,6 +78,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                         "for ordinary parameters, or create the weight on recdev table storage "
                         "(large enough, or inside torch_recdev.placement('table'))."
                     )
+                _check_rounding(type(self).__name__, p, group)
         for group in self.param_groups:
             for p in group["params"]:
                 self._attach(p, group)
@@ -90,6 +93,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         config = {k: float(group[k]) for k in self.defaults_for_store if k != "betas"}
         if "betas" in self.defaults_for_store:
             config["beta1"], config["beta2"] = (float(b) for b in group["betas"])
+        config.update(_rounding_config(self, p, group))
         _C._set_table_optimizer(p, self.kind, config)
 
     @torch.no_grad()
@@ -125,6 +129,34 @@ class FusedOptimizer(torch.optim.Optimizer):
             if step is not None:
                 _C._set_table_optimizer_step(p, int(step))
         self.state.clear()
+
+
+def _rounding_defaults(stochastic_rounding: bool) -> dict:
+    """``stochastic_rounding=True``: the optimizer draws its rounding seed from the recdev
+    generator now, so a run under ``torch.manual_seed`` rounds the same way every time."""
+    if not stochastic_rounding:
+        return {"stochastic_rounding": False}
+    seed = int(_C._draw_seed())
+    return {"stochastic_rounding": True, "rounding_seed": seed}
+
+
+def _check_rounding(name: str, p: torch.Tensor, group: dict) -> None:
+    if group.get("stochastic_rounding") and p.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"{name}(stochastic_rounding=True) rounds the float32 update of float16 and bfloat16 rows; "
+            f"this table holds {p.dtype} rows, which are updated without rounding. Leave stochastic_rounding "
+            "off for it (or put it in a separate param group)."
+        )
+
+
+def _rounding_config(opt: FusedOptimizer, p: torch.Tensor, group: dict) -> dict:
+    """The store's rounding settings for one table: its seed mixes the optimizer's seed with the
+    table's position among the optimizer's parameters, so each table draws its own bits."""
+    if not group.get("stochastic_rounding"):
+        return {}
+    index = next(i for i, q in enumerate(q for g in opt.param_groups for q in g["params"]) if q is p)
+    seed = (int(group["rounding_seed"]) + index * 0x9E3779B97F4A7C15) % 2**53
+    return {"stochastic_rounding": 1.0, "rounding_seed": float(seed)}
 
 
 class SGD(FusedOptimizer):

@@ -184,11 +184,19 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, n);
   const at::Tensor& weight = arg(args, 0);
   auto first = first_gatherable_row(weight);
-  if (first && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) && weight.scalar_type() != at::kFloat) {
+  // Half tables in this process are pooled by the store (rows widened to float32, accumulated in
+  // float32, each output rounded once, as CPU's kernel does); remote shards would add partial sums
+  // in another order than CPU's, so their rows are gathered and CPU pools them.
+  const bool half = weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16;
+  const bool store_pools =
+      first && weight.dim() == 2 &&
+      (weight.scalar_type() == at::kFloat || (half && device::table_block(weight.storage())->table().in_process()));
+  if (first && !store_pools && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) &&
+      weight.scalar_type() != at::kFloat) {
     embedding_bag_of_gathered_rows(op, stack, *first);
     return;
   }
-  if (!first || weight.dim() != 2 || weight.scalar_type() != at::kFloat) {
+  if (!store_pools) {
     cpu_fallback(op, stack);
     return;
   }
@@ -218,7 +226,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
         "'per_sample_weights'; but type ", cpu_type(weight), " does not equal ", cpu_type(per_sample_weights),
         " (while checking arguments for embedding_bag)");
-    weights = on_cpu(per_sample_weights).contiguous();
+    weights = on_cpu(per_sample_weights).to(at::kFloat).contiguous();  // half weights widen exactly
     TORCH_CHECK(weights.numel() == static_cast<int64_t>(rows.size()), "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ", weights.numel(), " and ", rows.size());
   }
   const int64_t dim = weight.size(1);
@@ -252,7 +260,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     local.back() = bag_end(end - 1) - base;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
-        static_cast<store::PoolingMode>(mode), weight_data ? weight_data + base : nullptr,
+        static_cast<store::PoolingMode>(half && mode == 1 ? 0 : mode), weight_data ? weight_data + base : nullptr,
         /*include_last_offset=*/true, padding_row, out_data + begin * dim, positions ? positions + begin * dim : nullptr);
     if (positions != nullptr) {
       for (int64_t* p = positions + begin * dim; p != positions + end * dim; ++p) {
@@ -278,6 +286,17 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const at::Tensor ids = on_cpu(indices).to(at::kLong);
     const at::Tensor positions = max_positions.clamp_min(0);
     max_indices = at::where(max_positions.ge(0), ids.index_select(0, positions.flatten()).view_as(positions), at::zeros_like(positions));
+  }
+  if (half) {
+    // Rounded once; mean then divides the rounded sum by the bag size in the half type, as CPU's
+    // apply_bag_size does after its float32-accumulated sum.
+    at::Tensor pooled = device::cpu_view(out).to(weight.scalar_type());
+    if (mode == 1) {
+      pooled.div_(device::cpu_view(bag_size).clamp_min(1).to(pooled.scalar_type()).unsqueeze(1));
+    }
+    at::Tensor rounded = empty_host({num_bags, dim}, weight.scalar_type());
+    device::cpu_view(rounded).copy_(pooled);
+    out = rounded;
   }
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, out, offset2bag, bag_size, device::adopt_result(max_indices));

@@ -91,6 +91,8 @@ void encode(Writer& out, const store::OptimizerConfig& optimizer) {
   out.put<double>(optimizer.initial_accumulator_value);
   out.put<double>(optimizer.beta1);
   out.put<double>(optimizer.beta2);
+  out.put<uint8_t>(optimizer.stochastic_rounding ? 1 : 0);
+  out.put<uint64_t>(optimizer.rounding_seed);
 }
 
 void decode(Reader& in, store::OptimizerConfig& optimizer) {
@@ -102,6 +104,12 @@ void decode(Reader& in, store::OptimizerConfig& optimizer) {
   optimizer.initial_accumulator_value = in.get<double>("initial_accumulator_value");
   optimizer.beta1 = in.get<double>("beta1");
   optimizer.beta2 = in.get<double>("beta2");
+  const uint8_t stochastic_rounding = in.get<uint8_t>("stochastic_rounding");
+  if (stochastic_rounding > 1) {
+    Reader::fail("stochastic_rounding " + std::to_string(stochastic_rounding) + " is not 0 or 1");
+  }
+  optimizer.stochastic_rounding = stochastic_rounding == 1;
+  optimizer.rounding_seed = in.get<uint64_t>("rounding_seed");
 }
 
 void encode(Writer& out, const store::TableStats& stats) {

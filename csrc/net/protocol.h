@@ -29,7 +29,8 @@ namespace recdev::net {
 constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 4: a table's config carries its element type (u8 after the init rule), and OPEN_NAMED a
 // declaration (init rule, optimizer, reset) instead of opening whatever exists.
-constexpr uint16_t kProtocolVersion = 4;
+// 5: OptimizerConfig carries stochastic_rounding (u8) and rounding_seed (u64) after beta2.
+constexpr uint16_t kProtocolVersion = 5;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;

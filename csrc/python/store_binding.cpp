@@ -362,6 +362,8 @@ void bind_optimizers(py::module_& s) {
       .def_readwrite("initial_accumulator_value", &OptimizerConfig::initial_accumulator_value)
       .def_readwrite("beta1", &OptimizerConfig::beta1)
       .def_readwrite("beta2", &OptimizerConfig::beta2)
+      .def_readwrite("stochastic_rounding", &OptimizerConfig::stochastic_rounding)
+      .def_readwrite("rounding_seed", &OptimizerConfig::rounding_seed)
       .def("__eq__", [](const OptimizerConfig& lhs, const OptimizerConfig& rhs) { return lhs == rhs; })
       .def("__repr__", [](const OptimizerConfig& config) { return describe(config); });
 

@@ -11,6 +11,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <cmath>
 #include <map>
 
 namespace recdev::device {
@@ -109,6 +110,14 @@ store::OptimizerConfig optimizer_config(const std::string& kind, const std::map<
     else if (key == "initial_accumulator_value") config.initial_accumulator_value = value;
     else if (key == "beta1") config.beta1 = value;
     else if (key == "beta2") config.beta2 = value;
+    else if (key == "stochastic_rounding") config.stochastic_rounding = value != 0;
+    else if (key == "rounding_seed") {
+      // Drawn below 2^53 by torch_recdev.optim, so exact in a double.
+      if (!(value >= 0 && value < 0x1p53) || value != std::floor(value)) {
+        throw py::value_error("rounding_seed must be an integer in [0, 2**53)");
+      }
+      config.rounding_seed = uint64_t(value);
+    }
     else throw py::value_error("unknown optimizer hyperparameter '" + key + "'");
   }
   return config;
@@ -372,6 +381,9 @@ void bind_table_api(py::module_& m) {
   m.def("_exists", &exists);
   m.def("_erase", &erase);
   m.def("_set_table_optimizer", &set_optimizer);
+  // One random op's seed from the recdev generator, below 2**53 (exact in a double):
+  // torch_recdev.optim's stochastic-rounding seed.
+  m.def("_draw_seed", [] { return draw_op_seed(std::nullopt) & ((uint64_t{1} << 53) - 1); });
   m.def("_set_table_policy", [](const at::Tensor& t, const py::dict& keywords) {
     store::TableHandle& table = table_of(t, "set_table_policy");
     const store::TablePolicyConfig config = store::policy_from_dict(keywords);

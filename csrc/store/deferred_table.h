@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "table_handle.h"
@@ -59,6 +60,8 @@ class DeferredTable final : public TableHandle {
   TableStats stats() const override { return table_->stats(); }
   void set_policy(const TablePolicyConfig& config) override { table_->set_policy(config); }
   TablePolicyConfig policy() const override { return table_->policy(); }
+  std::optional<Table::PolicyState> policy_state() const override { return table_->policy_state(); }
+  void restore_policy_state(const Table::PolicyState& state) override { table_->restore_policy_state(state); }
   void set_optimizer(const OptimizerConfig& config) override { table_->set_optimizer(config); }
   OptimizerConfig optimizer() const override { return table_->optimizer(); }
   void set_learning_rate(double lr) override { table_->set_learning_rate(lr); }

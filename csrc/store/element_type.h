@@ -83,6 +83,12 @@ inline uint16_t float_to_bfloat16(float f) {
 void widen_to_float(ElementType type, const void* src, float* out, size_t count);
 // count float32 values rounded into elements of `type` at out (Float32, Float16, BFloat16).
 void narrow_from_float(ElementType type, const float* src, void* out, size_t count);
+// count float32 values rounded stochastically into elements of `type` at out (Float16, BFloat16):
+// each value becomes the upper of the two values of `type` around it with probability
+// (x - lower) / (upper - lower), else the lower (values exactly representable, non-finite, or past
+// the largest finite value round as narrow_from_float does). Element d's 32 random bits come from
+// (key, d) alone.
+void narrow_stochastic(ElementType type, const float* src, void* out, size_t count, uint64_t key);
 // count float32 init values into elements of `type` at out: rounded for half types, widened exactly
 // for Float64; Bytes tables start at zero only (validated with their init rule), so zeros.
 void store_init_values(ElementType type, const float* src, void* out, size_t count);

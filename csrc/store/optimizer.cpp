@@ -48,6 +48,14 @@ Uses uses(OptimizerKind kind) {
   return {};
 }
 
+// splitmix64's finalizer.
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(double)) == 0; }
 
 // Adagrad's rule (see RowUpdate::apply) on elements [begin, end) of a row.
@@ -96,7 +104,12 @@ bool operator==(const OptimizerConfig& lhs, const OptimizerConfig& rhs) {
   return lhs.kind == rhs.kind && same_bits(lhs.lr, rhs.lr) && same_bits(lhs.weight_decay, rhs.weight_decay) &&
          same_bits(lhs.eps, rhs.eps) && same_bits(lhs.lr_decay, rhs.lr_decay) &&
          same_bits(lhs.initial_accumulator_value, rhs.initial_accumulator_value) &&
-         same_bits(lhs.beta1, rhs.beta1) && same_bits(lhs.beta2, rhs.beta2);
+         same_bits(lhs.beta1, rhs.beta1) && same_bits(lhs.beta2, rhs.beta2) &&
+         lhs.stochastic_rounding == rhs.stochastic_rounding && lhs.rounding_seed == rhs.rounding_seed;
+}
+
+uint64_t rounding_key(uint64_t seed, uint64_t row_id, uint64_t step) {
+  return mix64(mix64(mix64(seed) ^ row_id) ^ step);
 }
 
 bool operator!=(const OptimizerConfig& lhs, const OptimizerConfig& rhs) { return !(lhs == rhs); }
@@ -137,6 +150,7 @@ std::string describe(const OptimizerConfig& config) {
   add(used.weight_decay, "weight_decay", config.weight_decay);
   add(used.eps, "eps", config.eps);
   add(used.initial_accumulator_value, "initial_accumulator_value", config.initial_accumulator_value);
+  if (config.stochastic_rounding) text += separator + "stochastic_rounding=True";
   return text + ")";
 }
 
@@ -182,11 +196,20 @@ void validate_optimizer(const OptimizerConfig& config) {
   };
   beta("beta1", config.beta1);
   beta("beta2", config.beta2);
+  if (config.stochastic_rounding && config.kind == OptimizerKind::None) {
+    invalid("stochastic_rounding needs an optimizer to round the updates of");
+  }
+  if (!config.stochastic_rounding && config.rounding_seed != 0) {
+    invalid("rounding_seed is used with stochastic_rounding only; leave it at 0");
+  }
 }
 
 RowUpdate::RowUpdate(const OptimizerConfig& config, uint64_t step, uint32_t dim)
     : kind_(config.kind),
       dim_(dim),
+      stochastic_rounding_(config.stochastic_rounding),
+      rounding_seed_(config.rounding_seed),
+      step_(step),
       lr_(config.lr),
       eps_(config.eps),
       weight_decay_(config.weight_decay),

@@ -40,6 +40,13 @@
 //                     w += (-step_size) * (m / (sqrt(v) + eps))
 //                   state: m (dim floats) then v (dim floats), starting at 0.
 //
+// Stochastic rounding (float16 and bfloat16 tables only; Table::set_optimizer refuses it on the
+// others): the float32 result of the update is rounded to one of the two half values around it, the
+// upper with probability (x - lower) / (upper - lower), so that the rounding is unbiased: updates
+// smaller than half a unit in the last place, which round-to-nearest drops every time, move the row
+// on average as the float32 math does. The random bits are a pure function of (rounding_seed, row
+// id, step, column) (rounding_bits below): the caller draws a seed per table, and a run repeats.
+//
 // A parameter the kind does not use must keep its default value (an Adam with weight_decay would
 // otherwise silently not decay); validate_optimizer refuses anything else.
 #pragma once
@@ -61,6 +68,8 @@ struct OptimizerConfig {
   double initial_accumulator_value = 0; // Adagrad
   double beta1 = 0.9;                   // Adam
   double beta2 = 0.999;                 // Adam
+  bool stochastic_rounding = false;     // any kind but None; float16/bfloat16 tables
+  uint64_t rounding_seed = 0;           // with stochastic_rounding only (0 otherwise)
 };
 
 // Bitwise equality of every field.
@@ -85,6 +94,9 @@ void validate_optimizer(const OptimizerConfig& config);
 // A readable form with the parameters the kind uses, e.g. "Adagrad(lr=0.1, lr_decay=0, ...)".
 std::string describe(const OptimizerConfig& config);
 
+// The key of one row's rounding bits in one step: a hash of (seed, row id, step).
+uint64_t rounding_key(uint64_t seed, uint64_t row_id, uint64_t step);
+
 // One update's rule, with its per-update scalars computed once: apply() moves one row.
 // Precondition: validate_optimizer(config) passed and config.kind != None.
 class RowUpdate {
@@ -96,10 +108,16 @@ class RowUpdate {
   // The same rule in float64, for float64 tables: every scalar and every operation in double (torch's
   // float64 optimizers), the state in double too.
   void apply(double* weight, double* state, const double* grad) const;
+  bool stochastic_rounding() const { return stochastic_rounding_; }
+  // The key of the rounding bits of row_id in this update (with stochastic_rounding()).
+  uint64_t rounding_key(uint64_t row_id) const { return store::rounding_key(rounding_seed_, row_id, step_); }
 
  private:
   OptimizerKind kind_;
   uint32_t dim_;
+  bool stochastic_rounding_;
+  uint64_t rounding_seed_;
+  uint64_t step_;
   double lr_;
   double eps_;
   double weight_decay_;

@@ -523,10 +523,11 @@ void Table::peek(const uint64_t* ids, size_t n, float* out) const {
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan) {
-  if (dtype_ != ElementType::Float32) {
+  const bool half = dtype_ == ElementType::Float16 || dtype_ == ElementType::BFloat16;
+  if (dtype_ != ElementType::Float32 && !half) {
     throw StoreError(ErrorCode::InvalidArgument,
-                     "gather_pooled of table " + std::to_string(id_) + " refused: the store pools float32 tables; a " +
-                         describe(dtype_) + " table's rows are gathered and pooled by the caller");
+                     "gather_pooled of table " + std::to_string(id_) + " refused: the store pools float32, float16 "
+                     "and bfloat16 tables; a " + describe(dtype_) + " table's rows are gathered and pooled by the caller");
   }
   const EmbeddingBag bag{ids,  num_ids,           offsets,     num_bags, include_last_offset,
                          mode, per_sample_weights, padding_idx, ignore_nan};
@@ -551,6 +552,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
   std::vector<const float*> rows;   // the gathered row of each of block_ids
   std::vector<float> gathered;
+  std::vector<uint16_t> halves;  // half tables: the block's rows as stored, widened into gathered
   LockedRecords found;
   for (size_t first_bag = 0; first_bag < num_bags;) {
     const size_t begin = bag.bag_begin(first_bag);
@@ -560,16 +562,28 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     for (size_t position = begin; position < bag.bag_end(end_bag - 1); ++position) {
       if (!bag.skips(position)) block_ids.push_back(ids[position]);
     }
-    const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
+    const bool pooled = !half && pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
     found.unlock();  // the fallback below may materialize
     if (!pooled) {
-      // Some rows are not materialized: gather copies, which materializes them, and pool those.
-      gathered.resize(block_ids.size() * dim_);
-      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
+      // Some rows are not materialized (or are half rows, widened to float32 exactly, so that the
+      // pooling accumulates in float32 and the caller rounds each output once): gather copies,
+      // which materializes them, and pool those.
+      gathered.resize(block_ids.size() * elements_);
+      if (half) {
+        // read_rows copies each row's dim_ record words: 2 * dim_ halves, elements_ of them used.
+        const size_t stride = size_t{dim_} * 2;
+        halves.resize(block_ids.size() * stride);
+        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(halves.data()), miss);
+        for (size_t k = 0; k < block_ids.size(); ++k) {
+          widen_to_float(dtype_, halves.data() + k * stride, gathered.data() + k * elements_, elements_);
+        }
+      } else {
+        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
+      }
       rows.resize(block_ids.size());
-      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
-      RowPointers source(rows.data(), rows.size(), dim_);
-      pool_bags(bag, first_bag, end_bag, source, dim_, out, max_positions);
+      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * elements_;
+      RowPointers source(rows.data(), rows.size(), elements_);
+      pool_bags(bag, first_bag, end_bag, source, elements_, out, max_positions);
     }
     first_bag = end_bag;
   }
@@ -794,6 +808,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   }
   const uint32_t state_floats = rows.record_floats() - dim_;
   if (optimizer.kind != OptimizerKind::None) require_numeric("installing an optimizer");
+  check_stochastic_rounding(optimizer);
   if (optimizer.kind != OptimizerKind::None && state_floats != optimizer_state_words(optimizer.kind, dtype_, dim_)) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "cannot install rows with " + std::to_string(state_floats) + " state words into table " +
@@ -830,9 +845,18 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
 
 // ---- Fused optimizer ----
 
+void Table::check_stochastic_rounding(const OptimizerConfig& config) const {
+  if (!config.stochastic_rounding || dtype_ == ElementType::Float16 || dtype_ == ElementType::BFloat16) return;
+  throw StoreError(ErrorCode::InvalidArgument,
+                   "table " + std::to_string(id_) + " holds " + element_type_name(dtype_) +
+                       " rows: stochastic_rounding applies to float16 and bfloat16 tables only (their float32 "
+                       "update is rounded to 16 bits; " + element_type_name(dtype_) + " rows are not rounded)");
+}
+
 void Table::set_optimizer(const OptimizerConfig& config) {
   validate_optimizer(config);
   if (config.kind != OptimizerKind::None) require_numeric(("attaching optimizer " + describe(config)).c_str());
+  check_stochastic_rounding(config);
   const uint32_t new_state_floats = optimizer_state_words(config.kind, dtype_, dim_);
   check_record_floats(new_state_floats);
   // float64 tables keep the value exactly; the others hold it in float32.
@@ -1073,7 +1097,11 @@ void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradi
         } else {
           widen_to_float(dtype_, record, weight.data(), elements_);
           rule.apply(weight.data(), record + dim_, rows[k].grad);
-          narrow_from_float(dtype_, weight.data(), record, elements_);
+          if (rule.stochastic_rounding()) {
+            narrow_stochastic(dtype_, weight.data(), record, elements_, rule.rounding_key(rows[k].id));
+          } else {
+            narrow_from_float(dtype_, weight.data(), record, elements_);
+          }
         }
       });
 }

@@ -394,6 +394,8 @@ class Table {
   void fill_state(float* state) const;
   // Throws unless the table has a type the store computes on; `what` names the operation.
   void require_numeric(const char* what) const;
+  // Refuses stochastic_rounding unless the rows are float16 or bfloat16.
+  void check_stochastic_rounding(const OptimizerConfig& config) const;
   std::vector<std::unique_lock<std::shared_mutex>> lock_all_shards() const;
   // What scan and snapshot hold while they read: request_mutex_ exclusively, so that no request is
   // halfway through its rows and the step matches the rows, and every sub-shard's read lock.

@@ -34,10 +34,10 @@ CONFIG = [("num_rows", "u64", 1000), ("dim", "u32", DIM), ("state_floats", "u32"
 INIT = CONFIG[3:7]
 OPTIMIZER = [("optimizer.kind", "u32", 2), ("lr", "f64", 0.1), ("weight_decay", "f64", 0.0), ("eps", "f64", 1e-8),
              ("lr_decay", "f64", 0.0), ("initial_accumulator_value", "f64", 0.0), ("beta1", "f64", 0.9),
-             ("beta2", "f64", 0.999)]
+             ("beta2", "f64", 0.999), ("stochastic_rounding", "u8", 0), ("rounding_seed", "u64", 0)]
 NO_OPTIMIZER = [("optimizer.kind", "u32", 0), ("lr", "f64", 0.01), ("weight_decay", "f64", 0.0), ("eps", "f64", 1e-10),
                 ("lr_decay", "f64", 0.0), ("initial_accumulator_value", "f64", 0.0), ("beta1", "f64", 0.9),
-                ("beta2", "f64", 0.999)]
+                ("beta2", "f64", 0.999), ("stochastic_rounding", "u8", 0), ("rounding_seed", "u64", 0)]
 TABLE = ("table", "u64", lambda ctx: ctx["table"])
 IDS = ("ids", "u64[]", [1, 2, 3])
 LOAD = ("load_id", "u64", lambda ctx: ctx["load"])

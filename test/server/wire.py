@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 4
+VERSION = 5
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -25,7 +25,7 @@ ERROR_NAMES = {1: "InvalidArgument", 2: "OutOfRange", 3: "NotFound", 4: "Corrupt
 INIT = {"zero": 0, "constant": 1, "normal": 2, "uniform": 3, "xavier": 4}
 OPTIMIZER = {"none": 0, "sgd": 1, "adagrad": 2, "rowwise_adagrad": 3, "adam": 4}
 OPTIMIZER_DEFAULTS = dict(lr=0.01, weight_decay=0.0, eps=1e-10, lr_decay=0.0, initial_accumulator_value=0.0,
-                          beta1=0.9, beta2=0.999)
+                          beta1=0.9, beta2=0.999, stochastic_rounding=0, rounding_seed=0)
 
 
 class ServerError(Exception):
@@ -100,7 +100,7 @@ def optimizer(kind="none", **params):
     values = dict(OPTIMIZER_DEFAULTS, **params)
     return u32(OPTIMIZER[kind]) + b"".join(f64(values[k]) for k in
                                           ("lr", "weight_decay", "eps", "lr_decay", "initial_accumulator_value",
-                                           "beta1", "beta2"))
+                                           "beta1", "beta2")) + u8(values["stochastic_rounding"]) + u64(values["rounding_seed"])
 
 
 def declaration(declares_init=False, fused=None, reset=False):
@@ -151,6 +151,8 @@ class Reader:
         kind = self.u32()
         values = {k: self.f64() for k in ("lr", "weight_decay", "eps", "lr_decay", "initial_accumulator_value",
                                           "beta1", "beta2")}
+        values["stochastic_rounding"] = self.u8()
+        values["rounding_seed"] = self.u64()
         return dict(kind=kind, **values)
 
     def description(self):
