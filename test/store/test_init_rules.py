@@ -89,6 +89,15 @@ def mix64(x):
     return x ^ (x >> 31)
 
 
+def assert_rows_are_the_reference(store_mod, rng, rule, table_id, reference):
+    """fill_row's floats for edge and random row ids are reference(row_id, dim)'s, bit for bit (signed
+    zeros included), at a dim of two 16-element chunks and a partial one."""
+    dim = 37
+    for row_id in [0, 1, 2**32 + 5, MASK64] + rng.integers(0, 2**63, size=300).tolist():
+        got = store_mod.init_row(rule, table_id, int(row_id), dim, MASK64)
+        np.testing.assert_array_equal(got.view(np.uint32), reference(int(row_id), dim).view(np.uint32))
+
+
 def normal_row_reference(store_mod, mean, std, seed, table_id, row_id, dim):
     """The Normal rule as init_rule.cpp defines it: Box-Muller in double on the row's Philox words, with
     the C library's log, cos and sin (which the math module calls), rounded to float32 at the end."""
@@ -109,11 +118,9 @@ def test_normal_values_are_the_reference_box_muller_bit_for_bit(store_mod, rng, 
     reference's floats, signed zeros included (the last two rules make it fall back to the reference
     for most elements)."""
     rule = store_mod.InitRule.normal(mean, std, seed=11)
-    dim = 37  # two 16-element chunks and a partial one
-    for row_id in [0, 1, 2**32 + 5, MASK64] + rng.integers(0, 2**63, size=300).tolist():
-        got = store_mod.init_row(rule, 3, int(row_id), dim, MASK64)
-        expected = normal_row_reference(store_mod, mean, std, 11, 3, int(row_id), dim)
-        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert_rows_are_the_reference(store_mod, rng, rule, table_id=3,
+                                  reference=lambda row_id, dim: normal_row_reference(store_mod, mean, std, 11, 3,
+                                                                                     row_id, dim))
 
 
 def test_normal_statistics(store_mod):
@@ -149,11 +156,9 @@ def test_uniform_values_are_the_reference_bit_for_bit(store_mod, rng, lower, upp
     """fill_row computes 16 elements at a time where AVX2 is available; every float must still be the
     scalar definition's (the narrow ranges make many values round onto upper)."""
     rule = store_mod.InitRule.uniform(lower, upper, seed=5)
-    dim = 37  # two 16-element chunks and a partial one
-    for row_id in [0, 1, 2**32 + 5, MASK64] + rng.integers(0, 2**63, size=300).tolist():
-        got = store_mod.init_row(rule, 9, int(row_id), dim, MASK64)
-        expected = uniform_row_reference(store_mod, lower, upper, 5, 9, int(row_id), dim)
-        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert_rows_are_the_reference(store_mod, rng, rule, table_id=9,
+                                  reference=lambda row_id, dim: uniform_row_reference(store_mod, lower, upper, 5, 9,
+                                                                                      row_id, dim))
 
 
 def test_uniform_statistics(store_mod):
