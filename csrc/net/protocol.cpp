@@ -37,6 +37,9 @@ constexpr OpcodeName kOpcodeNames[] = {
     {Opcode::SetOptimizer, "SET_OPTIMIZER"},
     {Opcode::SetLearningRate, "SET_LR"},
     {Opcode::SetStep, "SET_STEP"},
+    {Opcode::SetPolicy, "SET_POLICY"},
+    {Opcode::GetPolicyState, "GET_POLICY_STATE"},
+    {Opcode::RestorePolicy, "RESTORE_POLICY"},
     {Opcode::Dump, "DUMP"},
     {Opcode::BeginLoad, "BEGIN_LOAD"},
     {Opcode::LoadRows, "LOAD_ROWS"},
@@ -120,6 +123,9 @@ void encode(Writer& out, const store::TableStats& stats) {
   out.put<uint64_t>(stats.reads);
   out.put<uint64_t>(stats.writes);
   out.put<uint64_t>(stats.updates);
+  out.put<uint64_t>(stats.evicted);
+  out.put<uint64_t>(stats.admitted);
+  out.put<uint64_t>(stats.pending);
 }
 
 void decode(Reader& in, store::TableStats& stats) {
@@ -130,6 +136,53 @@ void decode(Reader& in, store::TableStats& stats) {
   stats.reads = in.get<uint64_t>("reads");
   stats.writes = in.get<uint64_t>("writes");
   stats.updates = in.get<uint64_t>("updates");
+  stats.evicted = in.get<uint64_t>("evicted");
+  stats.admitted = in.get<uint64_t>("admitted");
+  stats.pending = in.get<uint64_t>("pending");
+}
+
+constexpr uint8_t kHasMaxRows = 1;
+constexpr uint8_t kHasMaxBytes = 2;
+
+void encode(Writer& out, const store::TablePolicyConfig& policy) {
+  out.put<uint8_t>(uint8_t((policy.max_rows != 0 ? kHasMaxRows : 0) | (policy.max_bytes != 0 ? kHasMaxBytes : 0)));
+  out.put<int64_t>(int64_t(policy.max_rows));
+  out.put<int64_t>(int64_t(policy.max_bytes));
+  out.put<uint8_t>(uint8_t(policy.evict));
+  out.put<double>(policy.half_life);
+  out.put<uint64_t>(policy.ttl_steps);
+  out.put<double>(policy.ttl_seconds);
+  out.put<uint32_t>(policy.admit_after);
+  out.put<uint32_t>(policy.sketch_width);
+}
+
+// A budget flagged present must be a positive count: zero and negative budgets are the sender's
+// mistake (InvalidArgument, answered), not a malformed frame.
+uint64_t get_budget(Reader& in, bool present, const char* what) {
+  const int64_t value = in.get<int64_t>(what);
+  if (!present) {
+    if (value != 0) Reader::fail(std::string(what) + " is " + std::to_string(value) + " but flagged absent");
+    return 0;
+  }
+  if (value <= 0) {
+    throw StoreError(ErrorCode::InvalidArgument, std::string(what) + " must be a positive number (or absent for no "
+                                                 "budget); got " + std::to_string(value));
+  }
+  return uint64_t(value);
+}
+
+// The evict code is kept as sent: store::validate_policy refuses an unknown one with InvalidArgument.
+void decode(Reader& in, store::TablePolicyConfig& policy) {
+  const uint8_t flags = in.get<uint8_t>("budget flags");
+  if ((flags & ~(kHasMaxRows | kHasMaxBytes)) != 0) Reader::fail("unknown budget flags " + std::to_string(flags));
+  policy.max_rows = get_budget(in, (flags & kHasMaxRows) != 0, "max_rows");
+  policy.max_bytes = get_budget(in, (flags & kHasMaxBytes) != 0, "max_bytes");
+  policy.evict = store::EvictKind(in.get<uint8_t>("evict"));
+  policy.half_life = in.get<double>("half_life");
+  policy.ttl_steps = in.get<uint64_t>("ttl_steps");
+  policy.ttl_seconds = in.get<double>("ttl_seconds");
+  policy.admit_after = in.get<uint32_t>("admit_after");
+  policy.sketch_width = in.get<uint32_t>("sketch_width");
 }
 
 }  // namespace
@@ -261,6 +314,16 @@ void encode(Writer& out, const ServerStats& m) {
   out.put<uint64_t>(m.connections);
   out.put<uint64_t>(m.sessions);
   out.put<double>(m.uptime_seconds);
+  out.put<uint32_t>(wire_count(m.table_counters.size()));
+  for (const TableCounters& table : m.table_counters) {
+    out.put<uint64_t>(table.table_id);
+    out.put_string(table.name);
+    out.put<uint64_t>(table.rows);
+    out.put<uint64_t>(table.evicted);
+    out.put<uint64_t>(table.admitted);
+    out.put<uint64_t>(table.pending);
+    encode(out, table.policy);
+  }
 }
 void decode(Reader& in, ServerStats& m) {
   m.shard = in.get<uint32_t>("shard");
@@ -275,6 +338,19 @@ void decode(Reader& in, ServerStats& m) {
   m.connections = in.get<uint64_t>("connections");
   m.sessions = in.get<uint64_t>("sessions");
   m.uptime_seconds = in.get<double>("uptime_seconds");
+  const uint32_t count = in.get<uint32_t>("table count");
+  // Each entry is at least 90 bytes: bound the count by the bytes present before reserving.
+  if (uint64_t{count} * 90 > in.remaining()) Reader::fail("table count " + std::to_string(count) + " past the payload");
+  m.table_counters.resize(count);
+  for (TableCounters& table : m.table_counters) {
+    table.table_id = in.get<uint64_t>("table_id");
+    table.name = in.get_string("name", kMaxNameBytes);
+    table.rows = in.get<uint64_t>("rows");
+    table.evicted = in.get<uint64_t>("evicted");
+    table.admitted = in.get<uint64_t>("admitted");
+    table.pending = in.get<uint64_t>("pending");
+    decode(in, table.policy);
+  }
 }
 
 void encode(Writer& out, const TableRequest& m) { out.put<uint64_t>(m.table_id); }
@@ -367,12 +443,14 @@ void encode(Writer& out, const TableInfoResponse& m) {
   out.put_string(m.name);
   out.put<uint64_t>(m.route_key);
   encode(out, m.stats);
+  encode(out, m.policy);
 }
 void decode(Reader& in, TableInfoResponse& m) {
   decode(in, m.table);
   m.name = in.get_string("name", kMaxNameBytes);
   m.route_key = in.get<uint64_t>("route_key");
   decode(in, m.stats);
+  decode(in, m.policy);
 }
 
 void encode(Writer& out, const SetInitRequest& m) {
@@ -386,20 +464,24 @@ void decode(Reader& in, SetInitRequest& m) {
 
 void encode(Writer& out, const IdsRequest& m) {
   out.put<uint64_t>(m.table_id);
+  out.put<uint8_t>(uint8_t(m.dtype));
   out.put_array(m.ids);
 }
 void decode(Reader& in, IdsRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
+  m.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
   m.ids = in.get_array<uint64_t>("ids");
 }
 
 void encode(Writer& out, const RowsRequest& m) {
   out.put<uint64_t>(m.table_id);
+  out.put<uint8_t>(uint8_t(m.dtype));
   out.put_array(m.ids);
   out.put_array(m.rows);
 }
 void decode(Reader& in, RowsRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
+  m.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
   m.ids = in.get_array<uint64_t>("ids");
   m.rows = in.get_array<float>("rows");
 }
@@ -421,6 +503,7 @@ void decode(Reader& in, StateResponse& m) {
 
 void encode(Writer& out, const PooledPartialRequest& m) {
   out.put<uint64_t>(m.table_id);
+  out.put<uint8_t>(uint8_t(m.dtype));
   out.put_array(m.ids);
   out.put_array(m.offsets);
   out.put<uint8_t>(uint8_t(m.mode));
@@ -431,6 +514,7 @@ void encode(Writer& out, const PooledPartialRequest& m) {
 }
 void decode(Reader& in, PooledPartialRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
+  m.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
   m.ids = in.get_array<uint64_t>("ids");
   m.offsets = in.get_array<uint64_t>("offsets");
   m.mode = get_enum<store::PoolingMode, uint8_t>(in, "pooling mode", store::PoolingMode::Max);
@@ -452,11 +536,13 @@ void decode(Reader& in, PooledPartialResponse& m) {
 
 void encode(Writer& out, const WriteBytesRequest& m) {
   out.put<uint64_t>(m.table_id);
+  out.put<uint8_t>(uint8_t(m.dtype));
   out.put<uint64_t>(m.byte_offset);
   out.put_array(m.data);
 }
 void decode(Reader& in, WriteBytesRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
+  m.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
   m.byte_offset = in.get<uint64_t>("byte_offset");
   m.data = in.get_array<uint8_t>("data");
 }
@@ -468,6 +554,27 @@ void encode(Writer& out, const SetOptimizerRequest& m) {
 void decode(Reader& in, SetOptimizerRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
   decode(in, m.optimizer);
+}
+
+void encode(Writer& out, const SetPolicyRequest& m) {
+  out.put<uint64_t>(m.table_id);
+  encode(out, m.policy);
+}
+void decode(Reader& in, SetPolicyRequest& m) {
+  m.table_id = in.get<uint64_t>("table_id");
+  decode(in, m.policy);
+}
+
+void encode(Writer& out, const PolicyStateResponse& m) { out.put_array(m.state); }
+void decode(Reader& in, PolicyStateResponse& m) { m.state = in.get_array<uint8_t>("policy state"); }
+
+void encode(Writer& out, const RestorePolicyRequest& m) {
+  out.put<uint64_t>(m.table_id);
+  out.put_array(m.state);
+}
+void decode(Reader& in, RestorePolicyRequest& m) {
+  m.table_id = in.get<uint64_t>("table_id");
+  m.state = in.get_array<uint8_t>("policy state");
 }
 
 void encode(Writer& out, const SetLearningRateRequest& m) {
@@ -525,6 +632,7 @@ void encode(Writer& out, const BeginLoadRequest& m) {
   out.put<uint64_t>(m.init_stream);
   encode(out, m.optimizer);
   out.put<uint64_t>(m.optimizer_step);
+  out.put_array(m.policy_state);
 }
 void decode(Reader& in, BeginLoadRequest& m) {
   m.name = in.get_string("name", kMaxNameBytes);
@@ -533,6 +641,7 @@ void decode(Reader& in, BeginLoadRequest& m) {
   m.init_stream = in.get<uint64_t>("init_stream");
   decode(in, m.optimizer);
   m.optimizer_step = in.get<uint64_t>("optimizer_step");
+  m.policy_state = in.get_array<uint8_t>("policy state");
 }
 
 void encode(Writer& out, const LoadIdResponse& m) { out.put<uint64_t>(m.load_id); }

@@ -30,7 +30,10 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 4: a table's config carries its element type (u8 after the init rule), and OPEN_NAMED a
 // declaration (init rule, optimizer, reset) instead of opening whatever exists.
 // 5: OptimizerConfig carries stochastic_rounding (u8) and rounding_seed (u64) after beta2.
-constexpr uint16_t kProtocolVersion = 5;
+// 6: table policies (SET_POLICY, GET_POLICY_STATE, RESTORE_POLICY; the policy and its counters in
+// GET_TABLE_INFO and STATS), and every row request carries the element type the client holds the
+// table as, so that a shard never reads or answers rows as another dtype.
+constexpr uint16_t kProtocolVersion = 6;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -67,6 +70,9 @@ enum class Opcode : uint8_t {
   SetOptimizer = 30,
   SetLearningRate = 31,
   SetStep = 32,
+  SetPolicy = 33,
+  GetPolicyState = 34,
+  RestorePolicy = 35,
   Dump = 40,
   BeginLoad = 41,
   LoadRows = 42,
@@ -140,6 +146,17 @@ struct Welcome {
   uint32_t max_payload_bytes = kMaxPayloadBytes;
 };
 
+// One table of STATS: its rows and what its policy did on this shard.
+struct TableCounters {
+  uint64_t table_id = 0;
+  std::string name;  // empty: an anonymous table
+  uint64_t rows = 0;
+  uint64_t evicted = 0;
+  uint64_t admitted = 0;
+  uint64_t pending = 0;
+  store::TablePolicyConfig policy;  // this shard's share of the budget
+};
+
 struct ServerStats {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
@@ -153,6 +170,7 @@ struct ServerStats {
   uint64_t connections = 0;   // open now
   uint64_t sessions = 0;      // live now
   double uptime_seconds = 0;
+  std::vector<TableCounters> table_counters;  // every table, by id
 };
 
 struct TableRequest {  // FreeTable, GetTableInfo
@@ -205,6 +223,7 @@ struct TableInfoResponse {
   std::string name;
   uint64_t route_key = 0;
   store::TableStats stats{};
+  store::TablePolicyConfig policy;  // this shard's share (inactive: none)
 };
 
 struct SetInitRequest {
@@ -212,13 +231,17 @@ struct SetInitRequest {
   store::InitRule rule;
 };
 
+// Every request on a table's rows names the element type the client holds the table as; the shard
+// refuses a request whose type is not the table's (ShardService::resolve_rows).
 struct IdsRequest {  // Gather, Peek, Exists, Erase, GatherState
   uint64_t table_id = 0;
+  store::ElementType dtype = store::ElementType::Float32;
   std::vector<uint64_t> ids;
 };
 
-struct RowsRequest {  // Write (rows), Update (gradients): ids.size() * dim floats
+struct RowsRequest {  // Write (rows), Update (gradients): ids.size() * dim words of the element type
   uint64_t table_id = 0;
+  store::ElementType dtype = store::ElementType::Float32;
   std::vector<uint64_t> ids;
   std::vector<float> rows;
 };
@@ -240,6 +263,7 @@ struct StateResponse {
 // offsets rebased to them, and combines the partial results (docs/protocol.md).
 struct PooledPartialRequest {
   uint64_t table_id = 0;
+  store::ElementType dtype = store::ElementType::Float32;
   std::vector<uint64_t> ids;
   std::vector<uint64_t> offsets;  // bag starts: offsets[0] = 0, non-decreasing, <= ids.size()
   store::PoolingMode mode = store::PoolingMode::Sum;
@@ -258,6 +282,7 @@ struct PooledPartialResponse {
 
 struct WriteBytesRequest {
   uint64_t table_id = 0;
+  store::ElementType dtype = store::ElementType::Float32;
   uint64_t byte_offset = 0;
   std::vector<uint8_t> data;
 };
@@ -265,6 +290,25 @@ struct WriteBytesRequest {
 struct SetOptimizerRequest {
   uint64_t table_id = 0;
   store::OptimizerConfig optimizer;
+};
+
+// A table's policy on one shard: that shard's share of the budget (docs/protocol.md, "Policies").
+// On the wire the budgets are signed and flagged present, so that a zero or negative budget is
+// refused (InvalidArgument) rather than read as "no budget".
+struct SetPolicyRequest {
+  uint64_t table_id = 0;
+  store::TablePolicyConfig policy;
+};
+
+// A shard's policy with its touch metadata, clocks and sketch, in the checkpoint encoding
+// (store::encode_policy_state); empty: the table has no policy.
+struct PolicyStateResponse {
+  std::vector<uint8_t> state;
+};
+
+struct RestorePolicyRequest {
+  uint64_t table_id = 0;
+  std::vector<uint8_t> state;  // store::encode_policy_state, as GET_POLICY_STATE answers
 };
 
 struct SetLearningRateRequest {
@@ -302,6 +346,9 @@ struct BeginLoadRequest {
   uint64_t init_stream = 0;
   store::OptimizerConfig optimizer;
   uint64_t optimizer_step = 0;
+  // This shard's policy state (store::encode_policy_state), installed with the rows at commit in
+  // place of the table's own policy; empty: the table keeps its policy.
+  std::vector<uint8_t> policy_state;
 };
 
 struct LoadIdResponse {
@@ -354,6 +401,9 @@ RECDEV_NET_MESSAGE(PooledPartialRequest)
 RECDEV_NET_MESSAGE(PooledPartialResponse)
 RECDEV_NET_MESSAGE(WriteBytesRequest)
 RECDEV_NET_MESSAGE(SetOptimizerRequest)
+RECDEV_NET_MESSAGE(SetPolicyRequest)
+RECDEV_NET_MESSAGE(PolicyStateResponse)
+RECDEV_NET_MESSAGE(RestorePolicyRequest)
 RECDEV_NET_MESSAGE(SetLearningRateRequest)
 RECDEV_NET_MESSAGE(SetStepRequest)
 RECDEV_NET_MESSAGE(DumpRequest)

@@ -49,6 +49,11 @@ void copy_to_local(RemoteSession& session, RemoteSession::Lease& lease, const st
   config.state_floats = 0;
   const auto table = local.table(local.create_named_table(name, config));
   table->install(snapshot.rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
+  // Taken after the rows: restoring drops the metadata of rows a request added since the snapshot
+  // and adopts rows it evicted since, as torch.save of a table does.
+  if (const auto policy = fetch_policy_state(session, lease, ids, header.config.num_rows, "table '" + name + "'")) {
+    table->restore_policy_state(*policy);
+  }
 }
 
 }  // namespace
@@ -63,25 +68,18 @@ void save_checkpoint(RemoteSession& session, const std::string& path) {
 std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path) {
   store::Store local;
   const std::vector<std::string> names = store::load_store(path, local);
-  for (const std::string& name : names) {
-    if (local.table(*local.find(name))->policy().active()) {
-      throw StoreError(ErrorCode::InvalidArgument,
-                       "cannot load checkpoint '" + path + "' into a remote store: its table '" + name +
-                           "' has a budget policy (" + store::describe(local.table(*local.find(name))->policy()) +
-                           "), which remote tables do not support yet; load it into an embedded store");
-    }
-  }
   RemoteSession::Lease lease(session);
   std::vector<std::unique_ptr<TableLoad>> loads;
   std::vector<const TableLoad*> staged;
   try {
     for (const std::string& name : names) {
+      const auto policy = local.table(*local.find(name))->policy_state();
       local.table(*local.find(name))->scan(
           [&](const store::TableScanHeader& header) {
             const BeginLoadRequest request{name, 0, header.config, header.init_stream, header.optimizer,
-                                           header.optimizer_step};
+                                           header.optimizer_step, {}};
             loads.push_back(std::make_unique<TableLoad>(session, lease, request, std::vector<uint64_t>{},
-                                                        route_key_of_name(name)));
+                                                        route_key_of_name(name), policy ? &*policy : nullptr));
             staged.push_back(loads.back().get());
           },
           [&](uint64_t row_id, const float* record) { loads.back()->add(row_id, record); });

@@ -6,11 +6,13 @@
 #include <optional>
 #include <random>
 
+#include "policy_shares.h"
 #include "pooled_partial.h"
 #include "remote_checkpoint.h"
 #include "remote_transfer.h"
 #include "store/coalesce.h"
 #include "store/errors.h"
+#include "store/checkpoint.h"
 #include "store/gradient_check.h"
 #include "store/pooled_gradients.h"
 #include "store/row_copier.h"
@@ -142,6 +144,7 @@ void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size
       const size_t end = std::min(shard_ids.size(), begin + per_request);
       IdsRequest request;
       request.table_id = table_id(lease, shard);
+      request.dtype = dtype_;
       request.ids.assign(shard_ids.begin() + begin, shard_ids.begin() + end);
       calls.push_back(make_call(shard, opcode, request));
       pieces.push_back({shard, begin, end});
@@ -174,21 +177,30 @@ uint64_t RemoteTable::init_stream() const { return info(0).table.init_stream; }
 store::OptimizerConfig RemoteTable::optimizer() const { return info(0).table.optimizer; }
 uint64_t RemoteTable::optimizer_step() const { return info(0).table.optimizer_step; }
 
-store::TableStats RemoteTable::stats() const {
+std::vector<TableInfoResponse> RemoteTable::infos() const {
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
     calls.push_back(make_call(shard, Opcode::GetTableInfo, TableRequest{table_id(lease, shard)}));
   }
   session_->exchange(lease, calls);
+  std::vector<TableInfoResponse> answers;
+  for (const Call& call : calls) answers.push_back(answer_of<TableInfoResponse>(call));
+  return answers;
+}
+
+store::TableStats RemoteTable::stats() const {
   store::TableStats total{num_rows_, dim_, 0, 0, 0, 0, 0};
-  for (const Call& call : calls) {
-    const store::TableStats stats = answer_of<TableInfoResponse>(call).stats;
+  for (const TableInfoResponse& info : infos()) {
+    const store::TableStats& stats = info.stats;
     total.rows += stats.rows;
     total.bytes += stats.bytes;
     total.reads += stats.reads;
     total.writes += stats.writes;
     total.updates += stats.updates;
+    total.evicted += stats.evicted;
+    total.admitted += stats.admitted;
+    total.pending += stats.pending;
   }
   return total;
 }
@@ -236,23 +248,63 @@ void RemoteTable::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
 
 void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
   store::validate_policy(config);
-  if (!config.active()) return;
-  throw StoreError(ErrorCode::InvalidArgument,
-                   "set_table_policy on " + label() +
-                       ": budgets, eviction and admission are not supported on remote tables yet (the servers' "
-                       "protocol does not carry them); use an embedded table");
+  const uint32_t shards = uint32_t(session_->num_shards());
+  std::vector<store::TablePolicyConfig> shares;
+  for (uint32_t shard = 0; shard < shards; ++shard) shares.push_back(shard_policy(config, shard, shards, label()));
+  const std::vector<store::TablePolicyConfig> before = shard_policies();
+  RemoteSession::Lease lease(*session_);
+  std::vector<Call> calls;
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    calls.push_back(make_call(shard, Opcode::SetPolicy, SetPolicyRequest{table_id(lease, shard), shares[shard]}));
+  }
+  std::vector<uint8_t> applied(shards, 0);
+  try {
+    session_->exchange(lease, calls, [&](size_t shard) { applied[shard] = 1; });
+  } catch (...) {
+    // A shard refused (a budget without evict that its rows already pass, or its --max-memory): the
+    // others go back to the policy they had, so that the table keeps one policy. Going back keeps the
+    // rows' touch metadata; rows a new budget with evict already evicted on a shard stay evicted.
+    std::vector<Call> undo;
+    for (uint32_t shard = 0; shard < shards; ++shard) {
+      if (applied[shard]) {
+        undo.push_back(make_call(shard, Opcode::SetPolicy, SetPolicyRequest{table_id(lease, shard), before[shard]}));
+      }
+    }
+    try {
+      session_->exchange(lease, undo);
+    } catch (const StoreError&) {
+    }
+    throw;
+  }
 }
 
-store::TablePolicyConfig RemoteTable::policy() const { return {}; }
+std::vector<store::TablePolicyConfig> RemoteTable::shard_policies() const {
+  std::vector<store::TablePolicyConfig> policies;
+  for (const TableInfoResponse& info : infos()) policies.push_back(info.policy);
+  return policies;
+}
 
-std::optional<store::Table::PolicyState> RemoteTable::policy_state() const { return std::nullopt; }
+store::TablePolicyConfig RemoteTable::policy() const { return merge_policies(shard_policies(), label()); }
+
+std::optional<store::Table::PolicyState> RemoteTable::policy_state() const {
+  RemoteSession::Lease lease(*session_);
+  return fetch_policy_state(*session_, lease, shard_table_ids(lease), num_rows_, label());
+}
 
 void RemoteTable::restore_policy_state(const store::Table::PolicyState& state) {
-  throw StoreError(ErrorCode::InvalidArgument,
-                   "cannot restore the budget policy (" + store::describe(state.config) + ") of a saved table into " +
-                       label() +
-                       ": budgets, eviction and admission are not supported on remote tables yet (the servers' "
-                       "protocol does not carry them); load it with an embedded store");
+  store::validate_policy(state.config);
+  const uint32_t shards = uint32_t(session_->num_shards());
+  std::vector<std::vector<uint8_t>> encoded;
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    const std::string bytes = store::encode_policy_state(shard_policy_state(state, route_key_, shard, shards, label()));
+    encoded.emplace_back(bytes.begin(), bytes.end());
+  }
+  RemoteSession::Lease lease(*session_);
+  std::vector<Call> calls;
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    calls.push_back(make_call(shard, Opcode::RestorePolicy, RestorePolicyRequest{table_id(lease, shard), encoded[shard]}));
+  }
+  session_->exchange(lease, calls);
 }
 
 void RemoteTable::erase(const uint64_t* ids, size_t n) {
@@ -297,6 +349,7 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
       const size_t end = std::min(shard_ids.size(), begin + per_request);
       RowsRequest request;
       request.table_id = table_id(lease, shard);
+      request.dtype = dtype_;
       request.ids.assign(shard_ids.begin() + begin, shard_ids.begin() + end);
       request.rows.resize((end - begin) * dim_);
       for (size_t k = begin; k < end; ++k) {
@@ -367,7 +420,7 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
   const std::vector<uint64_t> ids = shard_table_ids(lease);
   const BeginLoadRequest header{
       "", 0, store::TableConfig{num_rows_, dim_, rows.record_floats() - dim_, init, dtype_}, init_stream, optimizer, optimizer_step};
-  TableLoad load(*session_, lease, header, ids, route_key_);
+  TableLoad load(*session_, lease, header, ids, route_key_, nullptr);
   try {
     rows.for_each([&](uint64_t row_id, const float* record) { load.add(row_id, record); });
     load.flush();
@@ -400,6 +453,7 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
     }
     RowsRequest request;
     request.table_id = table_id(lease, shard);
+    request.dtype = dtype_;
     request.ids = routed.ids[shard];
     request.rows.resize(request.ids.size() * dim_);
     for (size_t k = 0; k < request.ids.size(); ++k) {
@@ -446,6 +500,7 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
       if (share.ids.empty()) continue;
       PooledPartialRequest request;
       request.table_id = table_id(lease, shard);
+      request.dtype = dtype_;
       request.ids = share.ids;
       request.offsets = share.offsets;
       request.mode = mode;
@@ -502,6 +557,7 @@ void RemoteTable::write_bytes(uint64_t byte_offset, uint64_t nbytes, const void*
     const size_t shard = owner_shard(route_key_, row, uint32_t(session_->num_shards()));
     WriteBytesRequest request;
     request.table_id = table_id(lease, shard);
+    request.dtype = dtype_;
     request.byte_offset = from;
     request.data.assign(bytes + (from - byte_offset), bytes + (to - byte_offset));
     calls.push_back(make_call(shard, Opcode::WriteBytes, request));

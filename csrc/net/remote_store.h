@@ -56,10 +56,10 @@ class RemoteTable final : public store::TableHandle {
   void exists(const uint64_t* ids, size_t n, uint8_t* out) const override;
   void erase(const uint64_t* ids, size_t n) override;
   store::TableStats stats() const override;
-  // Not carried by the protocol yet: set_policy refuses with InvalidArgument, policy() is none.
+  // Each shard holds its share of the policy (policy_shares.h): set_policy sends every shard its
+  // share (and puts the others back if one refuses); policy() and policy_state() merge the shards'.
   void set_policy(const store::TablePolicyConfig& config) override;
   store::TablePolicyConfig policy() const override;
-  // nullopt; restoring one refuses as set_policy does.
   std::optional<store::Table::PolicyState> policy_state() const override;
   void restore_policy_state(const store::Table::PolicyState& state) override;
 
@@ -112,6 +112,8 @@ class RemoteTable final : public store::TableHandle {
   template <class MakeMessage>
   void broadcast(Opcode opcode, MakeMessage message);
   TableInfoResponse info(size_t shard) const;
+  std::vector<TableInfoResponse> infos() const;  // every shard's, in order
+  std::vector<store::TablePolicyConfig> shard_policies() const;  // every shard's share, in order
 
   const std::shared_ptr<RemoteSession> session_;
   const uint64_t client_id_;

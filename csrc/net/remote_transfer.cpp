@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "policy_shares.h"
+#include "store/checkpoint.h"
 #include "store/errors.h"
 
 namespace recdev::net {
@@ -86,8 +88,37 @@ store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease&
   return std::move(*snapshot);
 }
 
+std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
+                                                            const std::vector<uint64_t>& shard_table_ids,
+                                                            uint64_t num_rows, const std::string& label) {
+  std::vector<Call> calls;
+  for (size_t shard = 0; shard < shard_table_ids.size(); ++shard) {
+    calls.push_back(make_call(shard, Opcode::GetPolicyState, TableRequest{shard_table_ids[shard]}));
+  }
+  session.exchange(lease, calls);
+  std::vector<store::Table::PolicyState> states;
+  std::optional<size_t> without;
+  for (size_t shard = 0; shard < calls.size(); ++shard) {
+    const PolicyStateResponse answer = answer_of<PolicyStateResponse>(calls[shard]);
+    if (answer.state.empty()) {
+      if (!without) without = shard;
+      continue;
+    }
+    states.push_back(store::decode_policy_state(answer.state.data(), answer.state.size(), num_rows, num_rows));
+  }
+  if (states.empty()) return std::nullopt;
+  if (without) {
+    throw StoreError(ErrorCode::InvalidArgument, "the shards of " + label + " disagree on its policy: " +
+                                                     session.describe(*without) + " has none and others have " +
+                                                     store::describe(states[0].config) +
+                                                     "; set it again with set_table_policy");
+  }
+  return merge_policy_states(states, label);
+}
+
 TableLoad::TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,
-                     const std::vector<uint64_t>& shard_table_ids, uint64_t route_key)
+                     const std::vector<uint64_t>& shard_table_ids, uint64_t route_key,
+                     const store::Table::PolicyState* policy)
     : session_(session),
       lease_(lease),
       route_key_(route_key),
@@ -99,6 +130,12 @@ TableLoad::TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const 
     for (size_t shard = 0; shard < session.num_shards(); ++shard) {
       BeginLoadRequest request = header;
       if (!shard_table_ids.empty()) request.table_id = shard_table_ids[shard];
+      if (policy != nullptr) {
+        const std::string label = header.name.empty() ? "the table" : "table '" + header.name + "'";
+        const std::string state = store::encode_policy_state(
+            shard_policy_state(*policy, route_key, uint32_t(shard), uint32_t(session.num_shards()), label));
+        request.policy_state.assign(state.begin(), state.end());
+      }
       load_ids_.push_back(session.call<LoadIdResponse>(lease, shard, Opcode::BeginLoad, request).load_id);
       batches_[shard].load_id = load_ids_.back();
     }

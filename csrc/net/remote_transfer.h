@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,13 +29,21 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
 store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease& lease,
                                    const std::vector<uint64_t>& shard_table_ids, const std::string& label);
 
+// The table's policy state merged from every shard's (GET_POLICY_STATE; policy_shares.h), or nullopt
+// when it has no policy.
+std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
+                                                            const std::vector<uint64_t>& shard_table_ids,
+                                                            uint64_t num_rows, const std::string& label);
+
 class TableLoad {
  public:
   // Begins a load on every shard: into the named table `header.name` (created at commit if missing),
   // or, when shard_table_ids is not empty, into the existing table with those ids. route_key is the
-  // table's (route_key_of_name for a named table).
+  // table's (route_key_of_name for a named table). With a policy state, each shard gets its share of
+  // it (policy_shares.h), installed at commit in place of the table's policy.
   TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,
-            const std::vector<uint64_t>& shard_table_ids, uint64_t route_key);
+            const std::vector<uint64_t>& shard_table_ids, uint64_t route_key,
+            const store::Table::PolicyState* policy);
 
   // Queues a row for its shard (record: dim + state_floats floats), sending a frame when one is full.
   void add(uint64_t row_id, const float* record);

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "service_helpers.h"
+#include "store/checkpoint.h"
 #include "store/errors.h"
 
 namespace recdev::net {
@@ -161,6 +162,9 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
       resolve(session, request.table_id).table->set_optimizer_step(request.step);
       return reply_empty(frame);
     }
+    case Opcode::SetPolicy: return set_policy(session, frame);
+    case Opcode::GetPolicyState: return policy_state(session, frame);
+    case Opcode::RestorePolicy: return restore_policy(session, frame);
     case Opcode::Dump: return dump(session, frame);
     case Opcode::BeginLoad: return begin_load(session, frame);
     case Opcode::LoadRows: return load_rows(session, frame);
@@ -204,6 +208,19 @@ ShardService::Target ShardService::resolve(const Session& session, uint64_t tabl
     entry = found->second;
   }
   return Target{store_.table(table_id), entry};
+}
+
+ShardService::Target ShardService::resolve_rows(const Session& session, uint64_t table_id, store::ElementType dtype,
+                                               Opcode opcode) const {
+  Target target = resolve(session, table_id);
+  const store::ElementType held = target.table->dtype();
+  if (dtype != held) {
+    invalid(std::string(opcode_name(uint8_t(opcode))) + " of table " + std::to_string(table_id) + " as " +
+            store::describe(dtype) + " refused: this shard holds the table's rows as " + store::describe(held) +
+            ", and rows are never read or written as another dtype (was the table re-created with another dtype "
+            "since this client opened it? open it again to get its current dtype)");
+  }
+  return target;
 }
 
 void ShardService::check_rows(const Target& target, const uint64_t* ids, size_t n) const {
@@ -317,11 +334,14 @@ ServerStats ShardService::stats() {
   stats.bytes = staged_bytes_.load() + buffer_bytes_.load();
   for (const store::TableInfo& info : store_.list()) {
     try {
-      const store::TableStats table = store_.table(info.id)->stats();
+      const std::shared_ptr<store::Table> held = store_.table(info.id);
+      const store::TableStats table = held->stats();
       ++stats.tables;
       if (!info.name.empty()) ++stats.named_tables;
       stats.rows += table.rows;
       stats.bytes += table.bytes;
+      stats.table_counters.push_back(
+          TableCounters{info.id, info.name, table.rows, table.evicted, table.admitted, table.pending, held->policy()});
     } catch (const StoreError&) {
     }
   }
@@ -410,12 +430,13 @@ std::vector<uint8_t> ShardService::table_info(const Session& session, const Fram
   response.name = target.entry.name;
   response.route_key = target.entry.route_key;
   response.stats = target.table->stats();
+  response.policy = target.table->policy();
   return reply(frame, response);
 }
 
 std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame& frame, bool materialize) {
   const auto request = decode<IdsRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const size_t n = request.ids.size();
   check_rows(target, request.ids.data(), n);
   const uint64_t dim = target.table->config().dim;
@@ -435,7 +456,7 @@ std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame
 
 std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session, const Frame& frame) {
   const auto request = decode<PooledPartialRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const size_t n = request.ids.size();
   const size_t num_bags = request.offsets.size();
   check_rows(target, request.ids.data(), n);
@@ -494,7 +515,7 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
 
 std::vector<uint8_t> ShardService::write_or_update(const Session& session, const Frame& frame, bool update) {
   const auto request = decode<RowsRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const size_t n = request.ids.size();
   const uint64_t dim = target.table->config().dim;
   if (request.rows.size() != n * dim) {
@@ -513,7 +534,7 @@ std::vector<uint8_t> ShardService::write_or_update(const Session& session, const
 
 std::vector<uint8_t> ShardService::write_bytes(const Session& session, const Frame& frame) {
   const auto request = decode<WriteBytesRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const uint64_t nbytes = request.data.size();
   target.table->check_byte_range(request.byte_offset, nbytes);
   if (nbytes == 0) return reply_empty(frame);
@@ -530,7 +551,7 @@ std::vector<uint8_t> ShardService::write_bytes(const Session& session, const Fra
 
 std::vector<uint8_t> ShardService::exists(const Session& session, const Frame& frame) {
   const auto request = decode<IdsRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   check_rows(target, request.ids.data(), request.ids.size());
   ExistsResponse response;
   response.exists.resize(request.ids.size());
@@ -540,7 +561,7 @@ std::vector<uint8_t> ShardService::exists(const Session& session, const Frame& f
 
 std::vector<uint8_t> ShardService::erase(const Session& session, const Frame& frame) {
   const auto request = decode<IdsRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   check_rows(target, request.ids.data(), request.ids.size());
   target.table->erase(request.ids.data(), request.ids.size());
   return reply_empty(frame);
@@ -548,13 +569,46 @@ std::vector<uint8_t> ShardService::erase(const Session& session, const Frame& fr
 
 std::vector<uint8_t> ShardService::gather_state(const Session& session, const Frame& frame) {
   const auto request = decode<IdsRequest>(frame);
-  const Target target = resolve(session, request.table_id);
+  const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   check_rows(target, request.ids.data(), request.ids.size());
   check_response_size(request.ids.size() * uint64_t{target.table->config().state_floats} * sizeof(float),
                       "GATHER_STATE");
   StateResponse response;
   response.width = target.table->gather_state(request.ids.data(), request.ids.size(), response.state);
   return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::set_policy(const Session& session, const Frame& frame) {
+  const auto request = decode<SetPolicyRequest>(frame);
+  store::validate_policy(request.policy);
+  const Target target = resolve(session, request.table_id);
+  reserve(sketch_bytes(request.policy));
+  target.table->set_policy(request.policy);
+  return reply_empty(frame);
+}
+
+std::vector<uint8_t> ShardService::policy_state(const Session& session, const Frame& frame) {
+  const auto request = decode<TableRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  PolicyStateResponse response;
+  if (const std::optional<store::Table::PolicyState> state = target.table->policy_state()) {
+    const std::string encoded = store::encode_policy_state(*state);
+    check_response_size(encoded.size(), "GET_POLICY_STATE");
+    response.state.assign(encoded.begin(), encoded.end());
+  }
+  return reply(frame, response);
+}
+
+std::vector<uint8_t> ShardService::restore_policy(const Session& session, const Frame& frame) {
+  const auto request = decode<RestorePolicyRequest>(frame);
+  const Target target = resolve(session, request.table_id);
+  const uint64_t num_rows = target.table->config().num_rows;
+  // decode_policy_state checks every count against the bytes present before it allocates.
+  const store::Table::PolicyState state =
+      store::decode_policy_state(request.state.data(), request.state.size(), num_rows, num_rows);
+  reserve(sketch_bytes(state.config));
+  target.table->restore_policy_state(state);
+  return reply_empty(frame);
 }
 
 }  // namespace recdev::net

@@ -85,6 +85,9 @@ class ShardService {
   Response error_response(Opcode opcode, uint64_t request_id, store::ErrorCode code, const std::string& message);
 
   Target resolve(const Session& session, uint64_t table_id) const;
+  // resolve, for a request on rows: refuses (InvalidArgument) a client that holds the table as
+  // another element type than this shard, naming both, before any row is read or written.
+  Target resolve_rows(const Session& session, uint64_t table_id, store::ElementType dtype, Opcode opcode) const;
   // OutOfRange for an id past the table, then InvalidArgument for a row of another shard.
   void check_rows(const Target& target, const uint64_t* ids, size_t n) const;
   TableDescription describe_table(uint64_t table_id, const store::Table& table) const;
@@ -112,6 +115,9 @@ class ShardService {
   std::vector<uint8_t> exists(const Session& session, const Frame& frame);
   std::vector<uint8_t> erase(const Session& session, const Frame& frame);
   std::vector<uint8_t> gather_state(const Session& session, const Frame& frame);
+  std::vector<uint8_t> set_policy(const Session& session, const Frame& frame);
+  std::vector<uint8_t> policy_state(const Session& session, const Frame& frame);
+  std::vector<uint8_t> restore_policy(const Session& session, const Frame& frame);
   std::vector<uint8_t> dump(Session& session, const Frame& frame);
   std::vector<uint8_t> begin_load(Session& session, const Frame& frame);
   std::vector<uint8_t> load_rows(Session& session, const Frame& frame);

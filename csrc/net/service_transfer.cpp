@@ -4,6 +4,7 @@
 
 #include "service.h"
 #include "service_helpers.h"
+#include "store/checkpoint.h"
 
 namespace recdev::net {
 
@@ -108,6 +109,11 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
     }
     load.route_key = route_key_of_name(request.name);
   }
+  if (!request.policy_state.empty()) {
+    load.policy = store::decode_policy_state(request.policy_state.data(), request.policy_state.size(),
+                                             request.config.num_rows, request.config.num_rows);
+    request.policy_state.clear();
+  }
   load.label = label_of(request);
   load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
   load.header = std::move(request);
@@ -197,7 +203,11 @@ std::vector<uint8_t> ShardService::commit_load(Session& session, const Frame& fr
       register_table(table_id, TableEntry{load.route_key, 0, header.name});
       target = store_.table(table_id);
     }
+    // As a checkpoint load into a local store does: the saved policy replaces the table's own before
+    // the rows are installed, so that the old one evicts none of them.
+    if (load.policy) target->set_policy(store::TablePolicyConfig{});
     target->install(*load.rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
+    if (load.policy) target->restore_policy_state(*load.policy);
     response.table_ids.push_back(target->id());
   }
   for (const auto& found : loads) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -28,6 +29,7 @@ struct StagedLoad {
   std::unique_ptr<store::RowSet> rows;
   uint64_t row_count = 0;
   uint64_t bytes = 0;  // estimated memory held, counted against --max-memory
+  std::optional<store::Table::PolicyState> policy;  // header.policy_state, decoded
 };
 
 // A point-in-time copy of a table's materialized rows, read out by DUMP a batch at a time.

@@ -38,6 +38,20 @@ void bind(py::module_& m) {
         d["connections"] = stats.connections;
         d["sessions"] = stats.sessions;
         d["uptime_seconds"] = stats.uptime_seconds;
+        py::list tables;
+        for (const TableCounters& table : stats.table_counters) {
+          py::dict entry;
+          entry["table_id"] = table.table_id;
+          entry["name"] = table.name;
+          entry["rows"] = table.rows;
+          entry["evicted"] = table.evicted;
+          entry["admitted"] = table.admitted;
+          entry["pending"] = table.pending;
+          entry["max_rows"] = table.policy.max_rows;
+          entry["max_bytes"] = table.policy.max_bytes;
+          tables.append(entry);
+        }
+        d["table_counters"] = tables;
         return d;
       },
       py::arg("address"), py::arg("token") = "", py::arg("timeout") = 10.0,

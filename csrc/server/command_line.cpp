@@ -174,6 +174,16 @@ std::string format_stats(const std::string& address, const net::ServerStats& sta
       << "connections  " << stats.connections << "\n"
       << "sessions     " << stats.sessions << "\n"
       << "uptime       " << uptime << "\n";
+  // Per table: what its policy did on this shard (a budget is this shard's share of the table's).
+  for (const net::TableCounters& table : stats.table_counters) {
+    out << "table        " << (table.name.empty() ? "(anonymous " + std::to_string(table.table_id) + ")" : table.name)
+        << ": rows " << table.rows;
+    if (table.policy.active()) {
+      out << ", evicted " << table.evicted << ", admitted " << table.admitted << ", pending " << table.pending
+          << ", policy " << store::describe(table.policy);
+    }
+    out << "\n";
+  }
   return out.str();
 }
 

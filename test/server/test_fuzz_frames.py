@@ -40,6 +40,10 @@ NO_OPTIMIZER = [("optimizer.kind", "u32", 0), ("lr", "f64", 0.01), ("weight_deca
                 ("beta2", "f64", 0.999), ("stochastic_rounding", "u8", 0), ("rounding_seed", "u64", 0)]
 TABLE = ("table", "u64", lambda ctx: ctx["table"])
 IDS = ("ids", "u64[]", [1, 2, 3])
+DTYPE = ("dtype", "u8", 0)
+POLICY = [("budget_flags", "u8", 1), ("max_rows", "i64", 50), ("max_bytes", "i64", 0), ("evict", "u8", 1),
+          ("half_life", "f64", 1000.0), ("ttl_steps", "u64", 0), ("ttl_seconds", "f64", 0.0),
+          ("admit_after", "u32", 2), ("sketch_width", "u32", 1024)]
 LOAD = ("load_id", "u64", lambda ctx: ctx["load"])
 
 MESSAGES = {
@@ -56,23 +60,26 @@ MESSAGES = {
     "LIST": [],
     "GET_TABLE_INFO": [TABLE],
     "SET_INIT": [TABLE] + INIT,
-    "GATHER": [TABLE, IDS],
-    "PEEK": [TABLE, IDS],
-    "GATHER_POOLED_PARTIAL": [TABLE, ("ids", "u64[]", [1, 2, 3, 4]), ("offsets", "u64[]", [0, 2]), ("mode", "u8", 0),
+    "GATHER": [TABLE, DTYPE, IDS],
+    "PEEK": [TABLE, DTYPE, IDS],
+    "GATHER_POOLED_PARTIAL": [TABLE, DTYPE, ("ids", "u64[]", [1, 2, 3, 4]), ("offsets", "u64[]", [0, 2]), ("mode", "u8", 0),
                               ("has_weights", "bool", 1), ("per_sample_weights", "f32[]", [1.0, 0.5, 2.0, 1.0]),
                               ("padding_idx", "i64", -1), ("ignore_nan", "u8[]", [])],
-    "WRITE": [TABLE, ("ids", "u64[]", [1, 2]), ("rows", "f32[]", [0.25] * (2 * DIM))],
-    "WRITE_BYTES": [TABLE, ("byte_offset", "u64", 16), ("data", "u8[]", list(range(8)))],
-    "EXISTS": [TABLE, IDS],
-    "ERASE": [TABLE, ("ids", "u64[]", [3])],
-    "UPDATE": [TABLE, ("ids", "u64[]", [1, 2]), ("grads", "f32[]", [0.5] * (2 * DIM))],
-    "GATHER_STATE": [TABLE, IDS],
+    "WRITE": [TABLE, DTYPE, ("ids", "u64[]", [1, 2]), ("rows", "f32[]", [0.25] * (2 * DIM))],
+    "WRITE_BYTES": [TABLE, DTYPE, ("byte_offset", "u64", 16), ("data", "u8[]", list(range(8)))],
+    "EXISTS": [TABLE, DTYPE, IDS],
+    "ERASE": [TABLE, DTYPE, ("ids", "u64[]", [3])],
+    "UPDATE": [TABLE, DTYPE, ("ids", "u64[]", [1, 2]), ("grads", "f32[]", [0.5] * (2 * DIM))],
+    "GATHER_STATE": [TABLE, DTYPE, IDS],
     "SET_OPTIMIZER": [TABLE] + OPTIMIZER,
     "SET_LR": [TABLE, ("lr", "f64", 0.05)],
     "SET_STEP": [TABLE, ("step", "u64", 3)],
+    "SET_POLICY": [TABLE] + POLICY,
+    "GET_POLICY_STATE": [TABLE],
+    "RESTORE_POLICY": [TABLE, ("policy_state", "u8[]", lambda ctx: ctx["policy_state"])],
     "DUMP": [TABLE, ("snapshot_id", "u64", 0), ("max_rows", "u32", 10)],
     "BEGIN_LOAD": [("name", "string", ""), TABLE] + CONFIG + [("init_stream", "u64", 0)] + NO_OPTIMIZER
-                  + [("optimizer_step", "u64", 0)],
+                  + [("optimizer_step", "u64", 0), ("policy_state", "u8[]", [])],
     "LOAD_ROWS": [LOAD, ("ids", "u64[]", [5, 6]), ("records", "f32[]", [1.0] * (2 * DIM))],
     "COMMIT_LOAD": [("load_ids", "u64[]", lambda ctx: [ctx["load"]])],
     "ABORT_LOAD": [LOAD],
@@ -244,6 +251,9 @@ def test_fuzz_every_field_of_every_message(start_server):
         # Fresh targets for every batch: the previous one may have freed its table or ended its load.
         ctx["table"] = owner.create_table(1000, DIM, init=init_rule("normal", 0.0, 0.1, seed=5))
         owner.write(ctx["table"], [1, 2, 3], np.ones((3, DIM)))
+        owner.call("SET_POLICY", u64(ctx["table"]) + wire.policy(max_rows=50, evict="lru", admit_after=2,
+                                                                 sketch_width=1024))
+        ctx["policy_state"] = wire.Reader(owner.call("GET_POLICY_STATE", u64(ctx["table"]))).array(np.uint8)
         ctx["load"] = wire.Reader(owner.call("BEGIN_LOAD", build_payload("BEGIN_LOAD", ctx))).u64()
         for case in plan[batch_start:batch_start + BATCH]:
             problem = run_case(server, ctx, case, rng)

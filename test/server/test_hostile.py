@@ -12,7 +12,7 @@ import pytest
 
 import wire
 from server_process import checksum
-from wire import OP, ServerError, array, frame, hello, init_rule, optimizer, u32, u64
+from wire import OP, ServerError, array, frame, hello, init_rule, optimizer, u32, u64, table_ref
 
 DIM = 8
 
@@ -64,7 +64,7 @@ def test_truncated_frames(server, populated):
             c.sock.shutdown(socket.SHUT_WR)
             assert c.is_closed()
     with server.connect() as c:  # truncated after the handshake
-        c.send_raw(frame("GATHER", u64(1) + array([1, 2], np.uint64))[:-5])
+        c.send_raw(frame("GATHER", table_ref(1) + array([1, 2], np.uint64))[:-5])
         c.sock.shutdown(socket.SHUT_WR)
         assert c.is_closed()
     still_healthy(server, populated)
@@ -122,15 +122,15 @@ def test_malformed_payloads_for_every_opcode(server, populated):
     """Each opcode with payloads cut short or padded: a Protocol error, the connection closed."""
     keeper, named, anonymous, _ = populated
     valid = {
-        "GATHER": u64(named) + array([1, 2], np.uint64),
-        "WRITE": u64(named) + array([1], np.uint64) + array(np.zeros(DIM), np.float32),
-        "UPDATE": u64(named) + array([1], np.uint64) + array(np.zeros(DIM), np.float32),
+        "GATHER": table_ref(named) + array([1, 2], np.uint64),
+        "WRITE": table_ref(named) + array([1], np.uint64) + array(np.zeros(DIM), np.float32),
+        "UPDATE": table_ref(named) + array([1], np.uint64) + array(np.zeros(DIM), np.float32),
         "SET_OPTIMIZER": u64(named) + optimizer("sgd", lr=1.0),
         "SET_INIT": u64(named) + init_rule("zero"),
         "SET_STEP": u64(named) + u64(0),
-        "ERASE": u64(named) + array([7], np.uint64),
+        "ERASE": table_ref(named) + array([7], np.uint64),
         "FREE_TABLE": u64(named),
-        "WRITE_BYTES": u64(named) + u64(0) + array(np.zeros(4), np.uint8),
+        "WRITE_BYTES": table_ref(named) + u64(0) + array(np.zeros(4), np.uint8),
     }
     for name, payload in valid.items():
         for broken in (payload[:-1], payload[:3], payload + b"\x01"):
@@ -197,14 +197,14 @@ def test_hostile_values_in_valid_frames(server, populated):
     """Well-formed requests with bad values: errors, nothing changes, the connection stays usable."""
     keeper, named, anonymous, _ = populated
     attempts = [
-        ("WRITE", u64(named) + array([1, 10**6], np.uint64) + array(np.zeros(2 * DIM), np.float32), "OutOfRange"),
-        ("UPDATE", u64(named) + array([1], np.uint64) + array(np.full(DIM, np.inf), np.float32), "InvalidArgument"),
-        ("UPDATE", u64(named) + array([1, 1], np.uint64) + array(np.full(2 * DIM, 3e38), np.float32), "InvalidArgument"),
-        ("WRITE_BYTES", u64(named) + u64(2**63) + array(np.zeros(8), np.uint8), "OutOfRange"),
+        ("WRITE", table_ref(named) + array([1, 10**6], np.uint64) + array(np.zeros(2 * DIM), np.float32), "OutOfRange"),
+        ("UPDATE", table_ref(named) + array([1], np.uint64) + array(np.full(DIM, np.inf), np.float32), "InvalidArgument"),
+        ("UPDATE", table_ref(named) + array([1, 1], np.uint64) + array(np.full(2 * DIM, 3e38), np.float32), "InvalidArgument"),
+        ("WRITE_BYTES", table_ref(named) + u64(2**63) + array(np.zeros(8), np.uint8), "OutOfRange"),
         ("GATHER", u64(anonymous + 1000) + array([1], np.uint64), "NotFound"),
         ("SET_INIT", u64(named) + init_rule("normal", 0.0, float("nan")), "InvalidArgument"),
         ("SET_STEP", u64(2**63) + u64(1), "NotFound"),
-        ("GATHER_POOLED_PARTIAL", u64(named) + array([1], np.uint64) + array([0], np.uint64) + wire.u8(0) + wire.u8(0)
+        ("GATHER_POOLED_PARTIAL", table_ref(named) + array([1], np.uint64) + array([0], np.uint64) + wire.u8(0) + wire.u8(0)
          + wire.i64(10**7) + array([], np.uint8), "InvalidArgument"),
         ("COMMIT_LOAD", array([1, 2, 3], np.uint64), "NotFound"),
     ]
@@ -229,7 +229,7 @@ def test_requests_carrying_the_error_flag_are_refused(server, populated):
 def test_ids_without_bag_offsets_are_refused(server, populated):
     keeper, named, _, _ = populated
     with pytest.raises(ServerError) as info:
-        keeper.call("GATHER_POOLED_PARTIAL", u64(named) + array([1, 2], np.uint64) + array([], np.uint64)
+        keeper.call("GATHER_POOLED_PARTIAL", table_ref(named) + array([1, 2], np.uint64) + array([], np.uint64)
                     + wire.u8(0) + wire.u8(0) + wire.i64(-1) + array([], np.uint8))
     assert info.value.name == "InvalidArgument" and "2 ids but no bag offsets" in info.value.message
     still_healthy(server, populated)

@@ -12,7 +12,7 @@ import pytest
 import wire
 from torch_recdev import server
 from server_process import checksum
-from wire import ServerError, array, init_rule, optimizer, u64
+from wire import ServerError, array, init_rule, optimizer, u64, table_ref
 
 DIM = 8
 
@@ -66,7 +66,7 @@ def test_in_flight_requests_finish_on_sigterm(start_server, tmp_path):
     with server.connect() as c:
         table = c.open_named("life.inflight", 10**6, 64)["table_id"]
         ids = np.arange(200000, dtype=np.uint64)
-        request = wire.frame("WRITE", u64(table) + array(ids, np.uint64) + array(np.ones((ids.size, 64)), np.float32),
+        request = wire.frame("WRITE", table_ref(table) + array(ids, np.uint64) + array(np.ones((ids.size, 64)), np.float32),
                              request_id=77)
         c.send_raw(request)
         server.proc.send_signal(signal.SIGTERM)
@@ -154,7 +154,7 @@ def test_max_memory_gives_store_full(start_server):
         ids, _, header = c.dump_all(table, max_rows=4000)
         assert header["total_rows"] == written and np.array_equal(np.sort(ids), np.arange(written))
         # Freeing rows makes room again.
-        c.call("ERASE", u64(table) + array(np.arange(written), np.uint64))
+        c.call("ERASE", table_ref(table) + array(np.arange(written), np.uint64))
         c.write(table, np.arange(1000), np.ones((1000, 64)))
     assert server.alive()
     assert server.stop() == 0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import ServerError, array, config, init_rule, optimizer, string, u8, u32, u64, i64, f64
+from wire import ServerError, array, config, init_rule, optimizer, string, u8, u32, u64, i64, f64, table_ref, NO_POLICY_STATE
 
 DIM = 4
 
@@ -48,7 +48,7 @@ def test_create_gather_write_exists_erase(conn):
     got = conn.gather(table, [3, 4, 1]).reshape(3, DIM)
     np.testing.assert_array_equal(got, np.stack([rows[2], np.full(DIM, 0.5, np.float32), rows[0]]))
     assert conn.exists(table, [4]).tolist() == [1]  # gather materialized it
-    conn.call("ERASE", u64(table) + array([1, 4], np.uint64))
+    conn.call("ERASE", table_ref(table) + array([1, 4], np.uint64))
     assert conn.exists(table, [1, 2, 4]).tolist() == [0, 1, 0]
     np.testing.assert_array_equal(conn.gather(table, [1]), np.full(DIM, 0.5, np.float32))
     # Empty batches are legal.
@@ -76,12 +76,12 @@ def test_init_stream_decides_init_values(conn):
 def test_row_ops_errors(conn):
     table = conn.create_table(10, DIM)
     conn.write(table, [1], np.ones((1, DIM)))
-    expect_error(conn, "OutOfRange", "GATHER", u64(table) + array([3, 10], np.uint64), "row id 10")
-    expect_error(conn, "NotFound", "GATHER", u64(999999) + array([1], np.uint64), "no table with id 999999")
-    expect_error(conn, "InvalidArgument", "WRITE", u64(table) + array([1], np.uint64) + array(np.zeros(3), np.float32),
+    expect_error(conn, "OutOfRange", "GATHER", table_ref(table) + array([3, 10], np.uint64), "row id 10")
+    expect_error(conn, "NotFound", "GATHER", table_ref(999999) + array([1], np.uint64), "no table with id 999999")
+    expect_error(conn, "InvalidArgument", "WRITE", table_ref(table) + array([1], np.uint64) + array(np.zeros(3), np.float32),
                  "need 4")
-    expect_error(conn, "OutOfRange", "EXISTS", u64(table) + array([11], np.uint64))
-    expect_error(conn, "OutOfRange", "ERASE", u64(table) + array([1, 12], np.uint64))
+    expect_error(conn, "OutOfRange", "EXISTS", table_ref(table) + array([11], np.uint64))
+    expect_error(conn, "OutOfRange", "ERASE", table_ref(table) + array([1, 12], np.uint64))
     # Nothing changed.
     assert conn.exists(table, [1, 3]).tolist() == [1, 0]
     np.testing.assert_array_equal(conn.gather(table, [1]), np.ones(DIM, np.float32))
@@ -89,9 +89,9 @@ def test_row_ops_errors(conn):
 
 def test_write_bytes(conn):
     table = conn.create_table(10, DIM)
-    conn.call("WRITE_BYTES", u64(table) + u64(2 * DIM * 4 + 4) + array(np.array([7.0, 8.0], np.float32).view(np.uint8), np.uint8))
+    conn.call("WRITE_BYTES", table_ref(table) + u64(2 * DIM * 4 + 4) + array(np.array([7.0, 8.0], np.float32).view(np.uint8), np.uint8))
     np.testing.assert_array_equal(conn.gather(table, [2]), np.array([0, 7, 8, 0], np.float32))
-    expect_error(conn, "OutOfRange", "WRITE_BYTES", u64(table) + u64(10 * DIM * 4 - 2) + array(np.zeros(4), np.uint8))
+    expect_error(conn, "OutOfRange", "WRITE_BYTES", table_ref(table) + u64(10 * DIM * 4 - 2) + array(np.zeros(4), np.uint8))
 
 
 def test_named_tables_open_find_list_free(conn, server):
@@ -114,7 +114,7 @@ def test_named_tables_open_find_list_free(conn, server):
     with server.connect() as other:
         other_ids = [t for t, _, _ in other.list()]
         assert d["table_id"] in other_ids and anonymous not in other_ids
-        expect_error(other, "NotFound", "GATHER", u64(anonymous) + array([0], np.uint64))
+        expect_error(other, "NotFound", "GATHER", table_ref(anonymous) + array([0], np.uint64))
         expect_error(other, "NotFound", "FREE_TABLE", u64(anonymous))
     info = conn.info(d["table_id"])
     assert info["name"] == "opcodes.users" and info["route_key"] == wire.route_key_of_name("opcodes.users")
@@ -143,7 +143,7 @@ def test_set_init(conn):
 
 def test_optimizer_update_state_step_lr(conn):
     table = conn.create_table(10, DIM, init=init_rule("constant", 1.0))
-    expect_error(conn, "InvalidArgument", "UPDATE", u64(table) + array([1], np.uint64) + array(np.ones(DIM), np.float32),
+    expect_error(conn, "InvalidArgument", "UPDATE", table_ref(table) + array([1], np.uint64) + array(np.ones(DIM), np.float32),
                  "no optimizer")
     expect_error(conn, "InvalidArgument", "SET_LR", u64(table) + f64(0.1), "no optimizer")
     conn.call("SET_OPTIMIZER", u64(table) + optimizer("adagrad", lr=0.5))
@@ -152,7 +152,7 @@ def test_optimizer_update_state_step_lr(conn):
     g = grads.sum(0)
     expected = 1.0 - 0.5 * g / (np.sqrt(g * g) + 1e-10)
     np.testing.assert_allclose(conn.gather(table, [2]), expected, rtol=1e-6)
-    r = wire.Reader(conn.call("GATHER_STATE", u64(table) + array([2, 3], np.uint64)))
+    r = wire.Reader(conn.call("GATHER_STATE", table_ref(table) + array([2, 3], np.uint64)))
     width, state = r.u32(), r.array(np.float32)
     assert width == DIM
     np.testing.assert_allclose(state.reshape(2, DIM), np.stack([g * g, np.zeros(DIM)]), rtol=1e-6)
@@ -167,7 +167,7 @@ def test_optimizer_update_state_step_lr(conn):
     assert info["table"]["config"]["state_floats"] == DIM
     bad = np.ones(DIM, np.float32)
     bad[2] = np.nan
-    expect_error(conn, "InvalidArgument", "UPDATE", u64(table) + array([2], np.uint64) + array(bad, np.float32), "nan")
+    expect_error(conn, "InvalidArgument", "UPDATE", table_ref(table) + array([2], np.uint64) + array(bad, np.float32), "nan")
     assert conn.info(table)["table"]["optimizer_step"] == 40
     expect_error(conn, "InvalidArgument", "SET_OPTIMIZER", u64(table) + optimizer("sgd", lr=-1.0))
     expect_error(conn, "InvalidArgument", "SET_LR", u64(table) + f64(float("nan")))
@@ -183,7 +183,7 @@ def test_gather_pooled_partial(conn):
     def pooled(mode, weights=None, padding_idx=-1, ignore_nan=None):
         if ignore_nan is None:
             ignore_nan = [0] * len(offsets) if mode == 2 else []
-        payload = (u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode)
+        payload = (table_ref(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode)
                    + (u8(1) + array(weights, np.float32) if weights is not None else u8(0)) + i64(padding_idx)
                    + array(ignore_nan, np.uint8))
         r = wire.Reader(conn.call("GATHER_POOLED_PARTIAL", payload))
@@ -213,29 +213,29 @@ def test_gather_pooled_partial(conn):
             np.testing.assert_array_equal(positions[bag], b + rows[b:e].argmax(0))
     no_flags = array([], np.uint8)
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array([0, 9], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags,
+                 table_ref(table) + array(ids, np.uint64) + array([0, 9], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags,
                  "past")
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array([1], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags)
+                 table_ref(table) + array(ids, np.uint64) + array([1], np.uint64) + u8(0) + u8(0) + i64(-1) + no_flags)
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(1) + u8(1)
+                 table_ref(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(1) + u8(1)
                  + array(weights, np.float32) + i64(-1) + no_flags, "per_sample_weights")
     expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                 u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(0) + u8(1)
+                 table_ref(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(0) + u8(1)
                  + array(weights[:2], np.float32) + i64(-1) + no_flags, "per_sample_weights")
     # ignore_nan: one flag per bag with Max, none with Sum and Mean
     for mode, flags in ((2, [0, 0]), (2, []), (0, [0, 0, 0, 0]), (1, [1])):
         expect_error(conn, "InvalidArgument", "GATHER_POOLED_PARTIAL",
-                     u64(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode) + u8(0) + i64(-1)
+                     table_ref(table) + array(ids, np.uint64) + array(offsets, np.uint64) + u8(mode) + u8(0) + i64(-1)
                      + array(flags, np.uint8), "ignore_nan")
 
 
 def test_gather_pooled_partial_max_ignores_nan_where_told(conn):
     table = conn.create_table(10, 2)
     nan = float("nan")
-    conn.call("WRITE", u64(table) + array([1, 2, 3], np.uint64)
+    conn.call("WRITE", table_ref(table) + array([1, 2, 3], np.uint64)
               + array([[nan, 1.0], [5.0, nan], [2.0, 7.0]], np.float32))
-    payload = u64(table) + array([1, 2, 3, 1, 2, 3], np.uint64) + array([0, 3], np.uint64) + u8(2) + u8(0) + i64(-1)
+    payload = table_ref(table) + array([1, 2, 3, 1, 2, 3], np.uint64) + array([0, 3], np.uint64) + u8(2) + u8(0) + i64(-1)
     r = wire.Reader(conn.call("GATHER_POOLED_PARTIAL", payload + array([0, 1], np.uint8)))
     values, _, positions = r.array(np.float32).reshape(2, 2), r.array(np.uint32), r.array(np.int32).reshape(2, 2)
     # Bag 0 as the CPU pools it: the first row's nan stays, a later nan never counts.
@@ -262,7 +262,7 @@ def test_dump_and_staged_load(conn, server):
     # Load the dump into a new named table, then into the same one over changed rows.
     desc = header["table"]
     begin = (string(name) + u64(0) + config(10**9, DIM, 2 * DIM, init_rule("normal", 0.0, 0.1, seed=9)) + u64(desc["init_stream"])
-             + optimizer("adam", lr=0.01) + u64(7))
+             + optimizer("adam", lr=0.01) + u64(7) + NO_POLICY_STATE)
     conn.write(table, [5], np.zeros((1, DIM)))
     load = wire.Reader(conn.call("BEGIN_LOAD", begin)).u64()
     conn.call("LOAD_ROWS", u64(load) + array(dumped_ids[:2], np.uint64) + array(records[:2], np.float32))
@@ -276,9 +276,9 @@ def test_dump_and_staged_load(conn, server):
     assert header2["table"]["optimizer_step"] == 7
 
     # Errors: nothing is installed.
-    bad_state = string(name) + u64(0) + config(10**9, DIM, 3, init_rule()) + u64(0) + optimizer("adam") + u64(0)
+    bad_state = string(name) + u64(0) + config(10**9, DIM, 3, init_rule()) + u64(0) + optimizer("adam") + u64(0) + NO_POLICY_STATE
     expect_error(conn, "InvalidArgument", "BEGIN_LOAD", bad_state, "state_floats")
-    wrong_shape = string(name) + u64(0) + config(10, DIM, 0) + u64(0) + optimizer() + u64(0)
+    wrong_shape = string(name) + u64(0) + config(10, DIM, 0) + u64(0) + optimizer() + u64(0) + NO_POLICY_STATE
     expect_error(conn, "InvalidArgument", "BEGIN_LOAD", wrong_shape, "exists")
     load = wire.Reader(conn.call("BEGIN_LOAD", begin)).u64()
     expect_error(conn, "InvalidArgument", "LOAD_ROWS", u64(load) + array([1], np.uint64) + array(np.zeros(DIM), np.float32))
@@ -307,7 +307,7 @@ def test_staged_load_into_an_existing_table_by_id(conn, server):
 
     def begin(name="", table_id=0, num_rows=1000, dim=DIM):
         return (string(name) + u64(table_id) + config(num_rows, dim, 0, init_rule("constant", 2.0)) + u64(0)
-                + optimizer() + u64(4))
+                + optimizer() + u64(4) + NO_POLICY_STATE)
 
     load = wire.Reader(conn.call("BEGIN_LOAD", begin(table_id=table))).u64()
     conn.call("LOAD_ROWS", u64(load) + array([8, 1], np.uint64) + array(np.arange(2 * DIM), np.float32))

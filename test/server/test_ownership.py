@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import ServerError, array, init_rule, string, config, u64, u8, i64, optimizer
+from wire import ServerError, array, init_rule, string, config, u64, u8, i64, optimizer, table_ref
 
 ROUTE_KEY = 0x1234
 
@@ -71,16 +71,16 @@ def test_foreign_rows_refused_and_nothing_changes(shard1):
         rows = np.ones((batch.size, 2), np.float32)
         offsets = array([0], np.uint64)
         for opcode, payload in [
-            ("GATHER", u64(table) + array(batch, np.uint64)),
-            ("PEEK", u64(table) + array(batch, np.uint64)),
-            ("WRITE", u64(table) + array(batch, np.uint64) + array(rows, np.float32)),
-            ("UPDATE", u64(table) + array(batch, np.uint64) + array(rows, np.float32)),
-            ("ERASE", u64(table) + array(batch, np.uint64)),
-            ("EXISTS", u64(table) + array(batch, np.uint64)),
-            ("GATHER_STATE", u64(table) + array(batch, np.uint64)),
+            ("GATHER", table_ref(table) + array(batch, np.uint64)),
+            ("PEEK", table_ref(table) + array(batch, np.uint64)),
+            ("WRITE", table_ref(table) + array(batch, np.uint64) + array(rows, np.float32)),
+            ("UPDATE", table_ref(table) + array(batch, np.uint64) + array(rows, np.float32)),
+            ("ERASE", table_ref(table) + array(batch, np.uint64)),
+            ("EXISTS", table_ref(table) + array(batch, np.uint64)),
+            ("GATHER_STATE", table_ref(table) + array(batch, np.uint64)),
             ("GATHER_POOLED_PARTIAL",
-             u64(table) + array(batch, np.uint64) + offsets + u8(0) + u8(0) + i64(-1) + array([], np.uint8)),
-            ("WRITE_BYTES", u64(table) + u64(foreign * 8) + array(np.zeros(8), np.uint8)),
+             table_ref(table) + array(batch, np.uint64) + offsets + u8(0) + u8(0) + i64(-1) + array([], np.uint8)),
+            ("WRITE_BYTES", table_ref(table) + u64(foreign * 8) + array(np.zeros(8), np.uint8)),
         ]:
             with pytest.raises(ServerError) as info:
                 c.call(opcode, payload)
@@ -101,7 +101,8 @@ def test_named_tables_route_by_name(shard1):
         c.write(table, mine, np.ones((20, 2)))
         with pytest.raises(ServerError):
             c.write(table, foreign, np.ones((1, 2)))
-        load = wire.Reader(c.call("BEGIN_LOAD", string(name) + u64(0) + config(10**6, 2) + u64(0) + optimizer() + u64(0))).u64()
+        load = wire.Reader(c.call("BEGIN_LOAD", string(name) + u64(0) + config(10**6, 2) + u64(0) + optimizer() + u64(0)
+                                    + wire.NO_POLICY_STATE)).u64()
         with pytest.raises(ServerError) as info:
             c.call("LOAD_ROWS", u64(load) + array(foreign, np.uint64) + array(np.zeros(2), np.float32))
         assert "belongs to shard 0" in info.value.message

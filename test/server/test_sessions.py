@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import wire
-from wire import ServerError, array, config, optimizer, string, u32, u64
+from wire import ServerError, array, config, optimizer, string, u32, u64, table_ref
 
 LEASE = 1.0
 
@@ -71,10 +71,10 @@ def test_staged_loads_and_snapshots_freed_with_the_session(server):
         c.write(named, np.arange(2000), np.ones((2000, 16)))
         c.call("DUMP", u64(named) + u64(0) + u32(1))  # a snapshot left unfinished
         load = wire.Reader(c.call("BEGIN_LOAD", string("sessions.loaded") + u64(0) + config(10**6, 16) + u64(0)
-                                  + optimizer() + u64(0))).u64()
+                                  + optimizer() + u64(0) + wire.NO_POLICY_STATE)).u64()
         c.call("LOAD_ROWS", u64(load) + array(np.arange(1000), np.uint64) + array(np.ones(16000), np.float32))
         held = c.stats()["bytes"]
-        c.call("ERASE", u64(named) + array(np.arange(2000), np.uint64))
+        c.call("ERASE", table_ref(named) + array(np.arange(2000), np.uint64))
         erased = c.stats()["bytes"]
     assert held > baseline
     wait_past_lease()

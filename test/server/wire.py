@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 5
+VERSION = 6
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -17,7 +17,8 @@ OP = {
     "HELLO": 1, "PING": 2, "STATS": 3, "CREATE_TABLE": 10, "OPEN_NAMED": 11, "FIND": 12, "FREE_TABLE": 13,
     "LIST": 14, "GET_TABLE_INFO": 15, "SET_INIT": 16, "GATHER": 20, "PEEK": 21, "GATHER_POOLED_PARTIAL": 22,
     "WRITE": 23, "WRITE_BYTES": 24, "EXISTS": 25, "ERASE": 26, "UPDATE": 27, "GATHER_STATE": 28,
-    "SET_OPTIMIZER": 30, "SET_LR": 31, "SET_STEP": 32, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
+    "SET_OPTIMIZER": 30, "SET_LR": 31, "SET_STEP": 32, "SET_POLICY": 33, "GET_POLICY_STATE": 34,
+    "RESTORE_POLICY": 35, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
     "COMMIT_LOAD": 43, "ABORT_LOAD": 44,
 }
 ERROR_NAMES = {1: "InvalidArgument", 2: "OutOfRange", 3: "NotFound", 4: "Corrupt", 5: "Io", 6: "Full",
@@ -108,6 +109,25 @@ def declaration(declares_init=False, fused=None, reset=False):
     return u8(declares_init) + u8(fused is not None) + (fused or optimizer()) + u8(reset)
 
 
+def table_ref(table, dtype="float32"):
+    """The start of every request on a table's rows: its id and the element type the client holds it as."""
+    return u64(table) + u8(DTYPE[dtype] if isinstance(dtype, str) else dtype)
+
+
+NO_POLICY_STATE = u32(0)  # BEGIN_LOAD's policy_state: empty, the table keeps its policy
+
+EVICT = {None: 0, "lru": 1, "lfu": 2, "ttl": 3}
+
+
+def policy(max_rows=None, max_bytes=None, evict=None, half_life=1000.0, ttl_steps=0, ttl_seconds=0.0, admit_after=1,
+           sketch_width=1 << 16):
+    """A table policy as SET_POLICY carries it: budgets flagged present (bit 0 max_rows, bit 1 max_bytes) and
+    signed, so that zero and negative budgets can be sent (and must be refused)."""
+    flags = (1 if max_rows is not None else 0) | (2 if max_bytes is not None else 0)
+    return (u8(flags) + i64(max_rows or 0) + i64(max_bytes or 0) + u8(EVICT.get(evict, evict)) + f64(half_life)
+            + u64(ttl_steps) + f64(ttl_seconds) + u32(admit_after) + u32(sketch_width))
+
+
 def frame(opcode, payload=b"", request_id=0, flags=0, reserved=0, length=None):
     op = OP[opcode] if isinstance(opcode, str) else opcode
     return HEADER.pack(len(payload) if length is None else length, op, flags, reserved, request_id) + payload
@@ -161,7 +181,14 @@ class Reader:
 
     def stats(self):
         return dict(num_rows=self.u64(), dim=self.u32(), rows=self.u64(), bytes=self.u64(), reads=self.u64(),
-                    writes=self.u64(), updates=self.u64())
+                    writes=self.u64(), updates=self.u64(), evicted=self.u64(), admitted=self.u64(), pending=self.u64())
+
+    def policy(self):
+        flags = self.u8()
+        max_rows, max_bytes = self.i64(), self.i64()
+        return dict(max_rows=max_rows if flags & 1 else None, max_bytes=max_bytes if flags & 2 else None,
+                    evict=self.u8(), half_life=self.f64(), ttl_steps=self.u64(), ttl_seconds=self.f64(),
+                    admit_after=self.u32(), sketch_width=self.u32())
 
     def end(self):
         assert self.pos == len(self.data), f"{len(self.data) - self.pos} trailing bytes in a response"
@@ -257,24 +284,24 @@ class Connection:
         return d
 
     def gather(self, table, ids, op="GATHER"):
-        r = Reader(self.call(op, u64(table) + array(ids, np.uint64)))
+        r = Reader(self.call(op, table_ref(table) + array(ids, np.uint64)))
         out = r.array(np.float32)
         r.end()
         return out
 
     def write(self, table, ids, rows):
-        self.call("WRITE", u64(table) + array(ids, np.uint64) + array(rows, np.float32))
+        self.call("WRITE", table_ref(table) + array(ids, np.uint64) + array(rows, np.float32))
 
     def update(self, table, ids, grads):
-        self.call("UPDATE", u64(table) + array(ids, np.uint64) + array(grads, np.float32))
+        self.call("UPDATE", table_ref(table) + array(ids, np.uint64) + array(grads, np.float32))
 
     def exists(self, table, ids):
-        r = Reader(self.call("EXISTS", u64(table) + array(ids, np.uint64)))
+        r = Reader(self.call("EXISTS", table_ref(table) + array(ids, np.uint64)))
         return r.array(np.uint8)
 
     def info(self, table):
         r = Reader(self.call("GET_TABLE_INFO", u64(table)))
-        out = dict(table=r.description(), name=r.string(), route_key=r.u64(), stats=r.stats())
+        out = dict(table=r.description(), name=r.string(), route_key=r.u64(), stats=r.stats(), policy=r.policy())
         r.end()
         return out
 
@@ -292,6 +319,8 @@ class Connection:
                   "sessions"):
             out[k] = r.u64()
         out["uptime_seconds"] = r.f64()
+        out["table_counters"] = [dict(table_id=r.u64(), name=r.string(), rows=r.u64(), evicted=r.u64(),
+                                      admitted=r.u64(), pending=r.u64(), policy=r.policy()) for _ in range(r.u32())]
         r.end()
         return out
 

@@ -13,8 +13,8 @@ from torch_recdev import ops
 
 @pytest.fixture
 def store_backend(monkeypatch):
-    """Embedded only (overrides test/conftest.py's): remote tables do not carry a policy yet; the last
-    test checks that they refuse one clearly."""
+    """Embedded only (overrides test/conftest.py's): these tests count rows against one table-wide
+    budget; on shards each shard keeps its own share (test/remote/test_remote_budgets.py)."""
     monkeypatch.delenv("RECDEV_SERVERS", raising=False)
     torch_recdev.connect(None)
     yield "embedded"
@@ -117,18 +117,6 @@ def test_policy_of_a_tensor_that_is_not_a_table():
         torch_recdev.set_table_policy(torch.zeros(3, 4), max_rows=3)
     with pytest.raises(TypeError, match="expects a recdev table tensor"):
         torch_recdev.table_policy([1, 2])
-
-
-def test_remote_tables_refuse_a_policy_clearly(remote_shards):
-    torch_recdev.connect(remote_shards)
-    try:
-        with pytest.raises(ValueError, match="not supported on remote tables yet"):
-            ops.init_embedding_table(_name(), 1000, 4, max_rows=10, evict="lru")
-        table = ops.init_embedding_table(_name(), 1000, 4)
-        torch_recdev.set_table_policy(table)  # no policy: nothing to refuse
-        assert torch_recdev.table_policy(table)["max_rows"] is None
-    finally:
-        torch_recdev.connect(None)
 
 
 def _steps(table, seed, count=25, dim=4, write_every=0):
