@@ -86,7 +86,7 @@ def test_counts_past_the_payload(server, populated):
     with server.connect() as c:
         # An id array announcing 2^32-1 elements in a small frame: refused before any allocation.
         with pytest.raises(ServerError) as info:
-            c.call("GATHER", u64(named) + u32(2**32 - 1) + b"\x00" * 64)
+            c.call("GATHER", table_ref(named) + u32(2**32 - 1) + b"\x00" * 64)
         assert info.value.name == "Protocol" and "needs" in info.value.message
         assert c.is_closed()
     with server.connect() as c:
@@ -180,7 +180,7 @@ def test_random_garbage(server, populated):
                 opcode = rng.choice(list(OP.values()))
                 data = frame(opcode, payload, request_id=rng.randrange(2**64))
             else:  # a valid (read-only) frame with random bits flipped
-                data = bytearray(frame("PEEK", u64(populated[1]) + array([1, 2, 3], np.uint64)))
+                data = bytearray(frame("PEEK", table_ref(populated[1]) + array([1, 2, 3], np.uint64)))
                 for _ in range(rng.randrange(1, 6)):
                     data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
                 data = bytes(data)
@@ -201,7 +201,7 @@ def test_hostile_values_in_valid_frames(server, populated):
         ("UPDATE", table_ref(named) + array([1], np.uint64) + array(np.full(DIM, np.inf), np.float32), "InvalidArgument"),
         ("UPDATE", table_ref(named) + array([1, 1], np.uint64) + array(np.full(2 * DIM, 3e38), np.float32), "InvalidArgument"),
         ("WRITE_BYTES", table_ref(named) + u64(2**63) + array(np.zeros(8), np.uint8), "OutOfRange"),
-        ("GATHER", u64(anonymous + 1000) + array([1], np.uint64), "NotFound"),
+        ("GATHER", table_ref(anonymous + 1000) + array([1], np.uint64), "NotFound"),
         ("SET_INIT", u64(named) + init_rule("normal", 0.0, float("nan")), "InvalidArgument"),
         ("SET_STEP", u64(2**63) + u64(1), "NotFound"),
         ("GATHER_POOLED_PARTIAL", table_ref(named) + array([1], np.uint64) + array([0], np.uint64) + wire.u8(0) + wire.u8(0)
