@@ -165,7 +165,11 @@ def _exchange_by_shard(tables: list, rank: int, world: int, timeout: float, step
     outgoing = []  # per table, per rank: the (ids, grads) of this rank's batch that it applies
     for i, p, ids, grads in tables:
         applier = (_C._row_shards(p, ids) + i) % world
-        outgoing.append([(ids[mine], grads[mine]) for mine in (applier == r for r in range(world))])
+        # One stable sort and one gather of the rows (each rank's share keeps its batch order), where a
+        # boolean mask per rank would read every row once per rank.
+        order = torch.argsort(applier, stable=True)
+        sizes = torch.bincount(applier, minlength=world).tolist()
+        outgoing.append(list(zip(ids[order].split(sizes), grads.index_select(0, order).split(sizes))))
     counts = torch.tensor([[len(ids) for ids, _ in per_rank] for per_rank in outgoing])
     every = [torch.empty_like(counts) for _ in range(world)]
     dist.all_gather(every, counts)  # every[q][t, r]: rows of table t that rank q sends rank r
