@@ -22,8 +22,9 @@ and ``torch.optim.SparseAdam``. Updates are applied during backward, so
 
 In a fleet (torchrun), ``sync=True`` makes the updates synchronous (``torch_recdev/sync.py``):
 backward records the row gradients and ``step()`` combines every rank's and applies them once, so
-that N ranks with batch B train exactly like one process with batch N * B. ``sync_timeout``
-(seconds) bounds the wait for the other ranks; a rank that does not arrive is named in the error.
+that N ranks with batch B train exactly like one process with batch N * B
+(``apply_optimizer_in_backward``'s do it when backward ends). ``sync_timeout`` (seconds) bounds the
+wait for the other ranks; a rank that does not arrive is named in the error.
 """
 
 from __future__ import annotations
@@ -99,12 +100,13 @@ class FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Runs the closure if given. Updates were applied in backward; with sync=True, this is where
-        every rank's row gradients of the step are combined and applied."""
+        every rank's row gradients of the step are combined and applied (but for the optimizers of
+        ``apply_optimizer_in_backward``, whose backward does it)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._sync is not None:
+        if self._sync is not None and not self._sync.after_backward:
             self._sync.step()
         return loss
 
@@ -205,8 +207,9 @@ def apply_optimizer_in_backward(optimizer_class, params: Iterable[torch.Tensor],
     Accepts torch.optim.SGD, Adagrad, SparseAdam (and Adam, run as SparseAdam's lazy
     update) and the torch_recdev.optim classes. Each parameter records its optimizer
     in ``param._in_backward_optimizers``, as TorchRec does. ``sync=True`` in the kwargs
-    makes them synchronous: one optimizer then holds every parameter, and its ``step()``
-    (through any parameter's ``_in_backward_optimizers[0]``) exchanges the step's rows."""
+    makes them synchronous: one optimizer then holds every parameter, and every rank's rows
+    of a step are combined and applied when that step's backward ends, before ``backward()``
+    returns (no ``step()`` call; its failures are raised by ``backward()``)."""
     fused = _FUSED_FOR.get(optimizer_class)
     if fused is None:
         names = ", ".join(sorted({c.__module__ + "." + c.__name__ for c in _FUSED_FOR}))
@@ -220,6 +223,7 @@ def apply_optimizer_in_backward(optimizer_class, params: Iterable[torch.Tensor],
     if kwargs.get("sync"):
         # One exchange per step for all of them: one optimizer.
         opt = fused(params, **kwargs)
+        opt._sync.step_when_backward_ends()
         for p in params:
             p._in_backward_optimizers = [opt]
         return

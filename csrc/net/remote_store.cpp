@@ -432,18 +432,45 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
 }
 
 void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
+  std::vector<uint32_t> every_shard(session_->num_shards());
+  for (size_t shard = 0; shard < every_shard.size(); ++shard) every_shard[shard] = uint32_t(shard);
+  update_shards(ids, n, grads_in, every_shard);
+}
+
+uint32_t RemoteTable::shard_of(uint64_t row_id) const {
+  return owner_shard(route_key_, row_id, uint32_t(session_->num_shards()));
+}
+
+void RemoteTable::update_shards(const uint64_t* ids, size_t n, const void* grads_in,
+                                const std::vector<uint32_t>& shards) {
   check_ids(ids, n);
   // The store's checks, here, so that no shard applies a batch another would refuse.
   store::check_update_gradients(dtype_, uint32_t(uint64_t{dim_} * 4 / store::element_bytes(dtype_)), ids, n, grads_in,
                                 label());
+  const Routed routed = route(ids, n);
+  std::vector<bool> chosen(routed.ids.size(), false);
+  for (const uint32_t shard : shards) {
+    if (shard >= chosen.size() || chosen[shard]) {
+      throw StoreError(ErrorCode::InvalidArgument, "update of " + label() + ": shard " + std::to_string(shard) +
+                                                       " is not one of its " + std::to_string(chosen.size()) +
+                                                       " shards, or is named twice");
+    }
+    chosen[shard] = true;
+  }
+  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
+    if (!chosen[shard] && !routed.ids[shard].empty()) {
+      throw StoreError(ErrorCode::InvalidArgument,
+                       "update of " + label() + ": row " + std::to_string(routed.ids[shard].front()) +
+                           " belongs to " + session_->describe(shard) + ", which this update does not cover");
+    }
+  }
   // Gradients travel as the table's words (its element type), as rows do.
   const auto* grads = static_cast<const float*>(grads_in);
-  const Routed routed = route(ids, n);
   const size_t bytes_per_id = sizeof(uint64_t) + size_t{dim_} * sizeof(float);
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  // One request per shard, empty ones included: each UPDATE is one optimizer step.
-  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
+  // One request per chosen shard, empty ones included: each UPDATE is one optimizer step.
+  for (const uint32_t shard : shards) {
     if (routed.ids[shard].size() * bytes_per_id > kMaxPayloadBytes - kFrameOverhead) {
       throw StoreError(ErrorCode::InvalidArgument,
                        "update of " + label() + " refused: " + std::to_string(routed.ids[shard].size()) +

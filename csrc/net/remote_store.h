@@ -6,7 +6,8 @@
 // error code and no server sees it; then it is split by owner, sent to the shards at once, and the
 // answers are put back in batch order. Pooled lookups send each shard its share of every bag and
 // combine the shards' partial pools (pooled_partial.h). An update goes to every shard, empty shares
-// included, so that every shard's optimizer step stays equal. Whole-table settings (init rule,
+// included, so that every shard's optimizer step stays equal (update_shards: each shard of a
+// synchronous step gets its UPDATE from the one rank that applies its rows). Whole-table settings (init rule,
 // optimizer, lr, step) go to every shard; queries about them (config, optimizer, step) ask shard 0.
 //
 // RemoteStoreClient: one RemoteSession over the servers. Anonymous tables get a random routing key
@@ -69,6 +70,14 @@ class RemoteTable final : public store::TableHandle {
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
   void update(const uint64_t* ids, size_t n, const void* grads) override;
+  size_t num_shards() const { return session_->num_shards(); }
+  // The shard that owns a row.
+  uint32_t shard_of(uint64_t row_id) const;
+  // update, sent to the listed shards only (one UPDATE each, empty ones included, so one optimizer
+  // step on each of them): a synchronous fleet's ranks split a step's apply by shard
+  // (torch_recdev/sync.py), and each shard's step counter still advances once. Every id must belong
+  // to a listed shard.
+  void update_shards(const uint64_t* ids, size_t n, const void* grads, const std::vector<uint32_t>& shards);
   // Expands the bags' gradients to one row per id (store::PooledGradients) and sends them as update
   // does: one optimizer step.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,

@@ -10,6 +10,8 @@
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <map>
@@ -307,23 +309,69 @@ at::Tensor sync_table(const at::Tensor& t) {
   return tensor;
 }
 
+// The recorded rows, handed over without a copy: the tensors own them.
 std::pair<at::Tensor, at::Tensor> take_pending_updates(const at::Tensor& t) {
   store::DeferredTable& table = deferred_of(t, "sync");
-  store::DeferredTable::Pending pending = table.take();
-  const int64_t n = static_cast<int64_t>(pending.ids.size());
-  at::Tensor ids = at::empty({n}, at::kLong);
-  at::Tensor grads = at::empty({n, static_cast<int64_t>(table.dim())}, at::kFloat);
-  std::copy(pending.ids.begin(), pending.ids.end(), reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()));
-  std::copy(pending.grads.begin(), pending.grads.end(), grads.data_ptr<float>());
+  auto pending = std::make_shared<store::DeferredTable::Pending>(table.take());
+  const int64_t n = static_cast<int64_t>(pending->ids.size());
+  static_assert(sizeof(uint64_t) == sizeof(int64_t));
+  // Row ids are below the table's row count, which fits int64 (tables are sized by int64 tensors).
+  at::Tensor ids = at::from_blob(pending->ids.data(), {n}, [pending](void*) {}, at::kLong);
+  at::Tensor grads = at::from_blob(pending->grads.data(), {n, static_cast<int64_t>(table.dim())},
+                                   [pending](void*) {}, at::kFloat);
   return {ids, grads};
 }
 
-void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
+// How many shards hold the table's rows: 1 for a table in this process.
+size_t table_shards(const at::Tensor& t) {
+  const auto* remote = dynamic_cast<const net::RemoteTable*>(deferred_of(t, "sync").wrapped().get());
+  return remote == nullptr ? 1 : remote->num_shards();
+}
+
+// The shard that owns each id: all 0 on a table in this process (one shard).
+at::Tensor row_shards(const at::Tensor& t, const at::Tensor& keys) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
+  at::Tensor shards = at::zeros({static_cast<int64_t>(ids.size())}, at::kLong);
+  if (const auto* remote = dynamic_cast<const net::RemoteTable*>(table.wrapped().get())) {
+    int64_t* out = shards.data_ptr<int64_t>();
+    for (size_t i = 0; i < ids.size(); ++i) out[i] = remote->shard_of(ids[i]);
+  }
+  return shards;
+}
+
+// One optimizer step of the rows: on every shard, or (shards given, a remote table) on those only.
+void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads,
+                   const std::optional<std::vector<uint32_t>>& shards) {
   store::DeferredTable& table = deferred_of(t, "sync");
   const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
   const at::Tensor rows = rows_of(grads, ids.size(), table, "sync");
+  auto* remote = dynamic_cast<net::RemoteTable*>(table.wrapped().get());
+  if (shards && remote == nullptr) {
+    throw py::value_error("sync: the table lives in this process, which is one shard: apply its rows without shards");
+  }
   py::gil_scoped_release no_gil;
-  table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
+  if (shards) {
+    remote->update_shards(ids.data(), ids.size(), rows.const_data_ptr<float>(), *shards);
+  } else {
+    table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
+  }
+}
+
+// Python's callable, run after each recording (DeferredTable::set_on_record). The hook holds it
+// through a pointer whose deleter takes the GIL, since the table may be freed on any thread; after
+// the interpreter is gone it is left alone.
+void set_record_hook(const at::Tensor& t, py::function hook) {
+  store::DeferredTable& table = deferred_of(t, "sync");
+  std::shared_ptr<py::function> held(new py::function(std::move(hook)), [](py::function* f) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  table.set_on_record([held] {
+    py::gil_scoped_acquire gil;
+    (*held)();
+  });
 }
 
 // torch_recdev.connect(): servers make the current store remote; None makes it embedded again.
@@ -368,7 +416,11 @@ void bind_table_api(py::module_& m) {
   m.def("_table_declaration", &table_declaration);
   m.def("_sync_table", &sync_table);
   m.def("_take_pending_updates", &take_pending_updates);
-  m.def("_apply_updates", &apply_updates);
+  m.def("_apply_updates", &apply_updates, py::arg("table"), py::arg("ids"), py::arg("grads"),
+        py::arg("shards") = std::nullopt);
+  m.def("_row_shards", &row_shards);
+  m.def("_table_shards", &table_shards);
+  m.def("_set_record_hook", &set_record_hook);
   m.def("_table_in_process", [](const at::Tensor& t) { return table_of(t, "in_process").in_process(); });
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
     store::TableHandle& table = table_of(t, "emb_init");

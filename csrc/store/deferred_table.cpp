@@ -28,11 +28,21 @@ void DeferredTable::record(const uint64_t* ids, size_t n, const float* const* ro
                                                   std::to_string(num_rows) + " rows");
     }
   }
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.ids.insert(pending_.ids.end(), ids, ids + n);
+    const size_t start = pending_.grads.size();
+    pending_.grads.resize(start + n * dim);
+    for (size_t i = 0; i < n; ++i) std::copy(rows[i], rows[i] + dim, pending_.grads.data() + start + i * dim);
+    hook = on_record_;
+  }
+  if (hook) hook();
+}
+
+void DeferredTable::set_on_record(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_.ids.insert(pending_.ids.end(), ids, ids + n);
-  const size_t start = pending_.grads.size();
-  pending_.grads.resize(start + n * dim);
-  for (size_t i = 0; i < n; ++i) std::copy(rows[i], rows[i] + dim, pending_.grads.data() + start + i * dim);
+  on_record_ = std::move(hook);
 }
 
 void DeferredTable::update(const uint64_t* ids, size_t n, const void* grads) {

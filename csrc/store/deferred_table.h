@@ -6,6 +6,7 @@
 // exchange moves float32 rows); sync_table refuses others.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,10 @@ class DeferredTable final : public TableHandle {
   };
   // The rows recorded since the last take, and none left.
   Pending take();
+  // Called after each update or update_pooled has recorded its rows (outside the lock, on the
+  // recording thread): how apply_optimizer_in_backward(..., sync=True) learns that a backward
+  // reached the table, so that the step runs when that backward ends, without a step() call.
+  void set_on_record(std::function<void()> hook);
   // Applies rows through the wrapped table's optimizer (one step of it).
   void apply(const uint64_t* ids, size_t n, const float* grads) { table_->update(ids, n, grads); }
   const std::shared_ptr<TableHandle>& wrapped() const { return table_; }
@@ -90,6 +95,7 @@ class DeferredTable final : public TableHandle {
   const std::shared_ptr<TableHandle> table_;
   std::mutex mutex_;
   Pending pending_;
+  std::function<void()> on_record_;  // guarded by mutex_
 };
 
 }  // namespace recdev::store

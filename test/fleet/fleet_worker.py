@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 import torch_recdev
-from torch_recdev import ops
+from torch_recdev import _C, ops
 
 STEPS = 5
 KEYS = torch.tensor([0, 3, 3, 7, 500])  # 3 twice: duplicates within a batch sum too
@@ -94,26 +94,40 @@ def checkpoint(out: dict) -> None:
 
 
 SYNC_KINDS = ("Adagrad", "RowWiseAdagrad", "Adam")
+# apply_optimizer_in_backward's optimizer classes for them.
+IN_BACKWARD = {"Adagrad": torch.optim.Adagrad, "RowWiseAdagrad": torch_recdev.optim.RowWiseAdagrad,
+               "Adam": torch.optim.SparseAdam}
 SYNC_STEPS, SYNC_BATCH, SYNC_IDS = 50, 128, 300  # the global batch; ids from [0, SYNC_IDS): many duplicates
 
 
-def sync_train(kind: str, rank: int, world: int, sync: bool) -> torch.Tensor:
-    """50 steps of one table, each on this rank's share of the step's global batch (world 1: all of
-    it, the single-process reference). Returns the rows the batches touch."""
+def sync_train(kind: str, rank: int, world: int, sync: bool, in_backward: bool = False) -> torch.Tensor:
+    """50 steps of two tables under one optimizer, each on this rank's share of the step's global
+    batch (world 1: all of it, the single-process reference). in_backward: the optimizer of
+    apply_optimizer_in_backward, with no step() call. Returns the rows the batches touch, both tables'."""
     torch.manual_seed(0)
-    table = ops.init_embedding_table(f"sync.{kind}", 10_000, 8, init=torch_recdev.Normal(0, 0.1), reset=rank == 0)
+    # Afresh: on shards rank 0 resets for all; on the embedded store each rank resets its own replica.
+    reset = rank == 0 or torch_recdev.store_info()["kind"] == "embedded"
+    tables = [ops.init_embedding_table(f"sync.{kind}.{t}", 10_000, 8, init=torch_recdev.Normal(0, 0.1),
+                                       reset=reset).requires_grad_(True) for t in "ab"]
     if world > 1:
         dist.barrier()  # rank 0's reset before any rank trains
-    table.requires_grad_(True)
-    optimizer = getattr(torch_recdev.optim, kind)([table], lr=0.05, **({"sync": True} if sync else {}))
+    kwargs = {"lr": 0.05, **({"sync": True} if sync else {})}
+    if in_backward:
+        torch_recdev.optim.apply_optimizer_in_backward(IN_BACKWARD[kind], tables, kwargs)
+    else:
+        optimizer = getattr(torch_recdev.optim, kind)(tables, **kwargs)
     share = SYNC_BATCH // world
     mine = slice(rank * share, (rank + 1) * share)
     for step in range(SYNC_STEPS):
         g = torch.Generator().manual_seed(1000 + step)
         ids, weights = torch.randint(0, SYNC_IDS, (SYNC_BATCH,), generator=g), torch.randn(SYNC_BATCH, 8, generator=g)
-        (nn.functional.embedding(ids[mine], table).cpu() * weights[mine]).sum().backward()
-        optimizer.step()
-    return ops.emb_read(table, torch.arange(SYNC_IDS)).cpu()
+        # The second table sees other rows of the same batch, on other shards.
+        looked_up = nn.functional.embedding(ids[mine], tables[0]).cpu() + nn.functional.embedding(
+            (ids[mine] * 7 + 1) % SYNC_IDS, tables[1]).cpu()
+        (looked_up * weights[mine]).sum().backward()
+        if not in_backward:
+            optimizer.step()
+    return torch.cat([ops.emb_read(t, torch.arange(SYNC_IDS)).cpu() for t in tables])
 
 
 def sync_reference(out: dict) -> None:
@@ -121,13 +135,46 @@ def sync_reference(out: dict) -> None:
     out["sync_store"] = torch_recdev.store_info()["kind"]
 
 
+def sync_in_backward(out: dict) -> None:
+    out["sync_in_backward"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True, in_backward=True)
+                               for kind in SYNC_KINDS}
+
+
+def sync_shard_checks(out: dict) -> None:
+    """What the split apply refuses (internal calls, but a wrong one must fail, not mis-apply)."""
+    table = ops.init_embedding_table("sync.checks", 1000, 4, init=torch_recdev.Constant(1.0)).requires_grad_(True)
+    torch_recdev.optim.SGD([table], lr=1.0, sync=True)
+    ids = torch.arange(20)
+    shards = _C._row_shards(table, ids)
+    out["row_shards"] = shards
+    foreign = int(shards[0]) ^ 1
+    out["refusals"] = []
+    for call in (lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [foreign]),
+                 lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [0, 1, 1]),
+                 lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [2])):
+        try:
+            call()
+            out["refusals"].append(None)
+        except Exception as error:  # noqa: BLE001 (the test reads the type and message)
+            out["refusals"].append(f"{type(error).__name__}: {error}")
+    out["after_refusals"] = ops.emb_read(table, ids).cpu()
+
+
 def sync_killed(out: dict) -> None:
+    """Step 1 on both ranks, then rank 1 dies; rank 0's step 2 must fail naming it, both for an
+    optimizer stepped by hand and for apply_optimizer_in_backward's (which fails in backward)."""
     rank = dist.get_rank()
     table = ops.init_embedding_table("sync.killed", 1000, 4, init=torch_recdev.Constant(1.0)).requires_grad_(True)
     optimizer = torch_recdev.optim.SGD([table], lr=1.0, sync=True, sync_timeout=3)
+    in_backward = ops.init_embedding_table("sync.killed.in_backward", 1000, 4,
+                                           init=torch_recdev.Constant(1.0)).requires_grad_(True)
+    torch_recdev.optim.apply_optimizer_in_backward(torch.optim.SGD, [in_backward],
+                                                   {"lr": 1.0, "sync": True, "sync_timeout": 3})
     nn.functional.embedding(torch.tensor([1, 2]), table).sum().backward()
     optimizer.step()
+    nn.functional.embedding(torch.tensor([1, 2]), in_backward).sum().backward()
     out["after_step_1"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    out["in_backward_after_step_1"] = ops.emb_read(in_backward, torch.tensor([1, 2, 3])).cpu()
     if rank == 1:
         finish(out)  # dies before step 2: no further word to the others
     nn.functional.embedding(torch.tensor([2, 3]), table).sum().backward()
@@ -136,6 +183,11 @@ def sync_killed(out: dict) -> None:
     except RuntimeError as error:
         out["error"] = str(error)
     out["after_failed_step"] = ops.emb_read(table, torch.tensor([1, 2, 3])).cpu()
+    try:
+        nn.functional.embedding(torch.tensor([2, 3]), in_backward).sum().backward()
+    except RuntimeError as error:
+        out["in_backward_error"] = str(error)
+    out["in_backward_after_failed_step"] = ops.emb_read(in_backward, torch.tensor([1, 2, 3])).cpu()
     finish(out)
 
 

@@ -1,7 +1,8 @@
 """2 trainers x 2 shards, as real processes (test/fleet/fleet_processes.py): the servers named on
 rank 0 only; every rank declares every table with its init and no update is lost (exact SGD sums);
 share_tables on a model; a checkpoint saved by rank 0 and resumed by all; sync=True equal to one
-process with the whole batch, on shards and on the embedded store; a rank killed in sync mode."""
+process with the whole batch, on shards and on the embedded store, stepped by hand or by
+apply_optimizer_in_backward's backward; a rank killed in sync mode."""
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
     servers = local_shards.start_shards(2, log_dir=str(tmp))
     try:
-        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference", tmp,
+        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference,sync_in_backward,sync_shard_checks", tmp,
                         servers=local_shards.server_list(servers))
         yield out, local_shards.server_list(servers)
     finally:
@@ -68,7 +69,7 @@ def test_checkpoint_saved_by_rank_0_is_resumed_by_every_rank(fleet):
 @pytest.fixture(scope="module")
 def embedded_fleet(tmp_path_factory):
     """Two ranks on their own embedded stores: synchronous replicas, then a rank killed mid-job."""
-    return run_fleet("sync_reference,sync_killed", tmp_path_factory.mktemp("embedded_fleet"))
+    return run_fleet("sync_reference,sync_in_backward,sync_killed", tmp_path_factory.mktemp("embedded_fleet"))
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +87,35 @@ def test_sync_on_two_shards_equals_one_process_with_the_whole_batch(fleet, refer
 
 
 @pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)
+def test_sync_in_backward_on_two_shards_equals_one_process_without_a_step_call(fleet, reference, kind):
+    out, _ = fleet
+    for rank in out:
+        torch.testing.assert_close(rank["sync_in_backward"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)
 def test_sync_on_embedded_replicas_equals_one_process_with_the_whole_batch(embedded_fleet, reference, kind):
     assert embedded_fleet[0]["sync_store"] == "embedded"
     for rank in embedded_fleet:
         torch.testing.assert_close(rank["sync"][kind], reference[kind], rtol=1e-6, atol=0)
+        torch.testing.assert_close(rank["sync_in_backward"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+def test_a_split_apply_refuses_rows_of_shards_it_does_not_cover(fleet):
+    out, _ = fleet
+    shards = out[0]["row_shards"]
+    assert set(shards.tolist()) == {0, 1}  # 20 rows over two shards
+    not_covered, twice, unknown = out[0]["refusals"]
+    assert not_covered is not None and "row 0 belongs to" in not_covered and "does not cover" in not_covered
+    assert twice is not None and "shard 1 is not one of its 2 shards, or is named twice" in twice
+    assert unknown is not None and "shard 2 is not one of its 2 shards" in unknown
+    assert torch.equal(out[0]["after_refusals"], torch.ones(20, 4))  # nothing applied
 
 
 def test_a_killed_rank_in_sync_mode_is_named_and_nothing_is_half_applied(embedded_fleet):
     survivor = embedded_fleet[0]
-    assert "rank 1 of 2 did not reach it within 3 s" in survivor["error"], survivor.get("error")
-    assert torch.equal(survivor["after_failed_step"], survivor["after_step_1"])
-    assert survivor["after_step_1"].tolist() == [[-1.0] * 4, [-1.0] * 4, [1.0] * 4]  # both ranks' step 1
+    both_steps = [[-1.0] * 4, [-1.0] * 4, [1.0] * 4]  # rows 1, 2 after both ranks' step 1; row 3 untouched
+    for prefix in ("", "in_backward_"):
+        assert "rank 1 of 2 did not reach it within 3 s" in survivor[prefix + "error"], survivor.get(prefix + "error")
+        assert torch.equal(survivor[prefix + "after_failed_step"], survivor[prefix + "after_step_1"])
+        assert survivor[prefix + "after_step_1"].tolist() == both_steps
