@@ -21,7 +21,14 @@ UNINITIALIZED_OUTPUT = frozenset(
 
 
 # Failures only when every allocation is forced to table storage.
-EXPECTED_TABLE_FAILURES: dict[tuple[str, torch.dtype | None], str] = {}
+_AUTO_ACC_DTYPE = (
+    "acc_policy='auto' accumulates half inputs in float32 on CPU only (LinearCrossEntropyOptions."
+    "_resolve_auto_acc_dtype), in the input dtype elsewhere: one rounding apart (host samples round alike)"
+)
+EXPECTED_TABLE_FAILURES: dict[tuple[str, torch.dtype | None], str] = {
+    ("nn.functional.linear_cross_entropy.chunked_none", torch.float16): _AUTO_ACC_DTYPE,
+    ("nn.functional.linear_cross_entropy.chunked_none", torch.bfloat16): _AUTO_ACC_DTYPE,
+}
 
 
 def reason_for(op_name: str, dtype: torch.dtype, placement: str | None = None):

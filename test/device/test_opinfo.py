@@ -5,13 +5,15 @@ each runs on recdev and, moved to the CPU, on the CPU, and the results must be
 equal. Two kinds of op cannot be compared value for value, and for those the
 test compares shape, dtype and device instead:
 - random ops (they use the generator; recdev's stream is not CPU's), which must
-  also be reproducible under torch.manual_seed;
+  also be reproducible under the same seed;
 - ops whose output is uninitialized memory (empty and friends).
 """
 
 import contextlib
 import itertools
+import random
 
+import numpy as np
 import torch
 import torch_recdev
 from torch.testing._internal.common_device_type import instantiate_device_type_tests, ops
@@ -22,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from opinfo_expected_failures import UNINITIALIZED_OUTPUT, reason_for
 
-DTYPES = (torch.float32, torch.float64, torch.int64, torch.bool)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool)
 # The first samples of each op already cover its broadcasting, scalar and
 # empty cases; more mostly repeat them and multiply the suite's run time.
 MAX_SAMPLES = 8
@@ -51,8 +53,28 @@ def _to_cpu(value, tensor_to_cpu=torch.Tensor.cpu):
     return tree_map(move, value)
 
 
+def _seed(seed=0):
+    """Seeds what samples and ops draw from: the CPU and recdev generators (as torch.manual_seed
+    does; test_rng.py checks that torch.manual_seed reaches recdev), Python's and numpy's.
+    torch.manual_seed itself also queues a lazy seed for CUDA, XPU and MTIA with a formatted stack
+    trace each, which took half of this suite's time when it ran before every op and sample."""
+    torch.random.default_generator.manual_seed(seed)
+    torch.recdev.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _samples(op, device, dtype):
+    """The op's first samples, drawn from one seed. op.sample_inputs would reseed before each sample
+    through torch.manual_seed and crawl the stack (inspect.stack, reading source files) twice per
+    call to find the test for its debugging aid: together a third of the suite's time. A failure
+    here names its sample by index instead (_check_op)."""
+    _seed()
+    return list(itertools.islice(op.sample_inputs_func(op, device, dtype, False), MAX_SAMPLES))
+
+
 def _run(op, sample, seed=0):
-    torch.manual_seed(seed)
+    _seed(seed)
     return op(sample.input, *sample.args, **sample.kwargs)
 
 
@@ -68,10 +90,11 @@ class _SeededOpDetector(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _is_random(op, cpu_sample):
+def _run_on_cpu(op, cpu_sample):
+    """The CPU result, and whether the op drew from a generator to make it: one run answers both."""
     with _SeededOpDetector() as detector:
-        op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
-    return detector.seen
+        expected = _run(op, cpu_sample)
+    return expected, detector.seen
 
 
 def _metadata(value):
@@ -89,25 +112,32 @@ def _suite(name, placement):
         exact_dtype = True
 
         def _check_op(self, device, dtype, op):
-            samples = list(itertools.islice(op.sample_inputs(device, dtype), MAX_SAMPLES))
+            samples = _samples(op, device, dtype)
             if not samples:
                 self.skipTest(f"{op.name} has no samples for {dtype}")
-            for sample in samples:
-                cpu_sample = sample.transform(lambda x: _to_cpu(x, _cpu_twin))
-                cpu_sample.kwargs = _to_cpu(cpu_sample.kwargs, _cpu_twin)
-                actual = _run(op, sample)
-                expected = _run(op, cpu_sample)
-                asks_for_another_device = "device" in sample.kwargs and "recdev" not in str(sample.kwargs["device"])
-                for leaf in tree_flatten(actual)[0]:
-                    if isinstance(leaf, torch.Tensor) and not asks_for_another_device:
-                        self.assertEqual(leaf.device.type, "recdev", msg=f"{op.name} returned a {leaf.device} tensor")
-                if op.name in UNINITIALIZED_OUTPUT:
-                    self.assertEqual(_metadata(actual), _metadata(expected))
-                elif _is_random(op, cpu_sample):
-                    self.assertEqual(_metadata(actual), _metadata(expected))
-                    self.assertEqual(_to_cpu(actual), _to_cpu(_run(op, sample)), msg="not reproducible under manual_seed")
-                else:
-                    self.assertEqual(_to_cpu(actual), expected)
+            for index, sample in enumerate(samples):
+                try:
+                    self._check_sample(op, sample)
+                except Exception as e:
+                    e.add_note(f"sample {index} of {op.full_name}: {sample.summary()}")
+                    raise
+
+        def _check_sample(self, op, sample):
+            cpu_sample = sample.transform(lambda x: _to_cpu(x, _cpu_twin))
+            cpu_sample.kwargs = _to_cpu(cpu_sample.kwargs, _cpu_twin)
+            actual = _run(op, sample)
+            expected, is_random = _run_on_cpu(op, cpu_sample)
+            asks_for_another_device = "device" in sample.kwargs and "recdev" not in str(sample.kwargs["device"])
+            for leaf in tree_flatten(actual)[0]:
+                if isinstance(leaf, torch.Tensor) and not asks_for_another_device:
+                    self.assertEqual(leaf.device.type, "recdev", msg=f"{op.name} returned a {leaf.device} tensor")
+            if op.name in UNINITIALIZED_OUTPUT:
+                self.assertEqual(_metadata(actual), _metadata(expected))
+            elif is_random:
+                self.assertEqual(_metadata(actual), _metadata(expected))
+                self.assertEqual(_to_cpu(actual), _to_cpu(_run(op, sample)), msg="not reproducible under the same seed")
+            else:
+                self.assertEqual(_to_cpu(actual), expected)
 
         def _check_placed(self, device, dtype, op):
             placed = torch_recdev.placement(self.placement) if self.placement else contextlib.nullcontext()
