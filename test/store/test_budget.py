@@ -62,7 +62,7 @@ def run_against_model(table, model, rng, requests=300, skewed=True):
         dict(max_rows=20, evict="lfu", half_life=1000.0),
         dict(evict="ttl", ttl_steps=4),
         dict(max_rows=15, evict="ttl", ttl_steps=6),
-        dict(max_rows=20, evict="lru", admit_after=3, sketch_width=16),
+        dict(max_rows=20, evict="lru", admit_after=3, sketch_width=64),
         dict(admit_after=2, sketch_width=16),
         dict(max_rows=20, evict="lru", admit_after=2),
     ],
