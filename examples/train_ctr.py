@@ -153,7 +153,8 @@ def make_tables(lr: float, dtype: str) -> list[torch.Tensor]:
     return tables
 
 
-def evaluate(model: CTRModel, data, batch: int = 8192) -> tuple[float, float]:
+def evaluate(model: CTRModel, data, batch: int = 1024) -> tuple[float, float]:
+    # Training-sized batches: a lookup is a touch, and one batch's distinct ids must fit --max-rows.
     sparse, dense, clicks = data[:3]
     scores = []
     with torch.no_grad():

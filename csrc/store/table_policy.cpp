@@ -15,6 +15,12 @@ constexpr uint64_t kNoBudget = std::numeric_limits<uint64_t>::max();
 constexpr uint32_t kMaxAdmitAfter = std::numeric_limits<uint16_t>::max();
 constexpr uint32_t kMinSketchWidth = 16;
 constexpr uint32_t kMaxSketchWidth = 1u << 26;
+// Rows ahead whose metadata slot a batch loop prefetches: enough to overlap the misses of a large map.
+constexpr size_t kPrefetchAhead = 8;
+// The log is compacted once it holds kLogPerRow entries per live row (and kLogSlack more): each
+// compaction checks every entry, so a larger factor checks fewer per touch, at 16 bytes an entry.
+constexpr size_t kLogPerRow = 4;
+constexpr size_t kLogSlack = 1024;
 
 enum class Status : uint8_t { Resident, Admit, Pending };
 
@@ -113,9 +119,9 @@ void validate_policy(const TablePolicyConfig& config) {
     invalid("admit_after must be in [1, " + std::to_string(kMaxAdmitAfter) + "]");
   }
   const uint32_t width = config.sketch_width;
-  if (width < kMinSketchWidth || width > kMaxSketchWidth || (width & (width - 1)) != 0) {
-    invalid("sketch_width must be a power of two in [" + std::to_string(kMinSketchWidth) + ", " +
-            std::to_string(kMaxSketchWidth) + "]");
+  if (width != 0 && (width < kMinSketchWidth || width > kMaxSketchWidth || (width & (width - 1)) != 0)) {
+    invalid("sketch_width must be 0 (sized from the budget) or a power of two in [" +
+            std::to_string(kMinSketchWidth) + ", " + std::to_string(kMaxSketchWidth) + "]");
   }
 }
 
@@ -123,8 +129,19 @@ TablePolicy::TablePolicy(const TablePolicyConfig& config, uint64_t record_bytes)
   reconfigure(config);
 }
 
-void TablePolicy::reconfigure(const TablePolicyConfig& config) {
-  validate_policy(config);
+uint32_t auto_sketch_width(uint64_t row_budget) {
+  if (row_budget == kNoBudget) return kNoBudgetSketchWidth;
+  uint32_t width = kMinAutoSketchWidth;
+  while (width < kMaxAutoSketchWidth && width / 2 < row_budget) width *= 2;
+  return width;
+}
+
+void TablePolicy::reconfigure(const TablePolicyConfig& requested) {
+  validate_policy(requested);
+  TablePolicyConfig config = requested;
+  if (config.admit_after > 1 && config.sketch_width == 0) {
+    config.sketch_width = auto_sketch_width(budget_of(config, record_bytes_));
+  }
   const bool rescore = config.evict != config_.evict || config.half_life != config_.half_life;
   if (config.admit_after <= 1) {
     sketch_.reset();
@@ -132,66 +149,142 @@ void TablePolicy::reconfigure(const TablePolicyConfig& config) {
     sketch_ = std::make_unique<FrequencySketch>(config.sketch_width);
   }
   config_ = config;
-  if (rescore && !rows_.empty()) {
+  if (rescore && rows_.size() != 0) {
     // The order's keys depend on the kind: one touch count per row at its last step.
-    for (auto& [id, meta] : rows_) {
+    rows_.for_each([&](uint64_t, Meta& meta) {
       meta.score = config_.evict == EvictKind::Lfu ? double(meta.step) / config_.half_life : 0.0;
-    }
+    });
     relink_all();
   }
 }
 
-void TablePolicy::link(Node* node) {
-  if (!uses_list()) {
-    order_.insert(key_of(node->first, node->second));
-    return;
+TablePolicy::Meta* TablePolicy::MetaMap::find(uint64_t id) {
+  if (size_ == 0) return nullptr;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = home(id);; i = (i + 1) & mask) {
+    if (slots_[i].id == id) return &slots_[i].meta;
+    if (slots_[i].id == kFree) return nullptr;
   }
-  node->second.older = newest_;
-  node->second.newer = nullptr;
-  (newest_ != nullptr ? newest_->second.newer : oldest_) = node;
-  newest_ = node;
 }
 
-void TablePolicy::unlink(Node* node) {
-  if (!uses_list()) {
-    order_.erase(key_of(node->first, node->second));
-    return;
+void TablePolicy::MetaMap::prefetch(uint64_t id) const {
+  if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+}
+
+std::pair<TablePolicy::Meta*, bool> TablePolicy::MetaMap::find_or_insert(uint64_t id) {
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = home(id);; i = (i + 1) & mask) {
+    if (slots_[i].id == id) return {&slots_[i].meta, false};
+    if (slots_[i].id == kFree) {
+      slots_[i].id = id;
+      ++size_;
+      return {&slots_[i].meta, true};
+    }
   }
-  Meta& meta = node->second;
-  (meta.older != nullptr ? meta.older->second.newer : oldest_) = meta.newer;
-  (meta.newer != nullptr ? meta.newer->second.older : newest_) = meta.older;
+}
+
+TablePolicy::Meta& TablePolicy::MetaMap::insert(uint64_t id, const Meta& meta) {
+  return *find_or_insert(id).first = meta;
+}
+
+bool TablePolicy::MetaMap::erase(uint64_t id) {
+  if (size_ == 0) return false;
+  const size_t mask = slots_.size() - 1;
+  size_t hole = home(id);
+  while (slots_[hole].id != id) {
+    if (slots_[hole].id == kFree) return false;
+    hole = (hole + 1) & mask;
+  }
+  // Backward shift: every later entry of the probe run whose home is not within (hole, it] moves into
+  // the hole, so that lookups never need tombstones.
+  for (size_t i = (hole + 1) & mask; slots_[i].id != kFree; i = (i + 1) & mask) {
+    if (((i - home(slots_[i].id)) & mask) >= ((i - hole) & mask)) {
+      slots_[hole] = slots_[i];
+      hole = i;
+    }
+  }
+  slots_[hole].id = kFree;
+  --size_;
+  return true;
+}
+
+void TablePolicy::MetaMap::clear() {
+  slots_ = std::vector<Slot, Counting<Slot>>(slots_.get_allocator());
+  size_ = 0;
+}
+
+void TablePolicy::MetaMap::grow() {
+  std::vector<Slot, Counting<Slot>> old(std::max<size_t>(16, 2 * slots_.size()), Slot{kFree, {}},
+                                        slots_.get_allocator());
+  old.swap(slots_);
+  size_ = 0;
+  for (const Slot& slot : old) {
+    if (slot.id != kFree) insert(slot.id, slot.meta);
+  }
+}
+
+void TablePolicy::link(uint64_t id, const Meta& meta) {
+  if (uses_log()) {
+    log_.push_back(Entry{id, meta.tick});
+  } else if (uses_keys()) {
+    order_.insert(key_of(id, meta));
+  }
+}
+
+void TablePolicy::trim_log() {
+  while (log_head_ < log_.size() && !live(log_[log_head_])) ++log_head_;
+  if (log_.size() <= kLogPerRow * rows_.size() + kLogSlack) return;
+  size_t kept = 0;
+  for (size_t i = log_head_; i < log_.size(); ++i) {
+    if (i + kPrefetchAhead < log_.size()) rows_.prefetch(log_[i + kPrefetchAhead].id);
+    if (live(log_[i])) log_[kept++] = log_[i];
+  }
+  log_.resize(kept);
+  log_head_ = 0;
+}
+
+std::vector<TablePolicy::Key> TablePolicy::sorted_keys() const {
+  std::vector<Key> keys;
+  keys.reserve(rows_.size());
+  rows_.for_each([&](uint64_t id, const Meta& meta) { keys.push_back(key_of(id, meta)); });
+  std::sort(keys.begin(), keys.end());
+  return keys;
 }
 
 void TablePolicy::relink_all() {
-  std::vector<Node*> nodes;
-  nodes.reserve(rows_.size());
-  for (Node& node : rows_) nodes.push_back(&node);
-  std::sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) {
-    return key_of(a->first, a->second) < key_of(b->first, b->second);
-  });
+  const std::vector<Key> keys = sorted_keys();
   order_.clear();
-  oldest_ = newest_ = nullptr;
-  for (Node* node : nodes) link(node);
+  log_.clear();
+  log_head_ = 0;
+  for (const Key& key : keys) link(key.id, *rows_.find(key.id));
 }
 
 template <class Fn>
 void TablePolicy::walk(Fn fn) const {
-  if (uses_list()) {
-    for (const Node* node = oldest_; node != nullptr;) {
-      const Node* newer = node->second.newer;  // fn may not remove rows, but read it first anyway
-      if (!fn(node->first, node->second)) return;
-      node = newer;
+  if (uses_log()) {
+    for (size_t i = log_head_; i < log_.size(); ++i) {
+      if (i + kPrefetchAhead < log_.size()) rows_.prefetch(log_[i + kPrefetchAhead].id);
+      const Meta* meta = rows_.find(log_[i].id);
+      if (meta == nullptr || meta->tick != log_[i].tick) continue;  // stale
+      if (!fn(log_[i].id, *meta)) return;
     }
     return;
   }
-  for (const Key& key : order_) {
-    if (!fn(key.id, rows_.at(key.id))) return;
+  if (uses_keys()) {
+    for (const Key& key : order_) {
+      if (!fn(key.id, *rows_.find(key.id))) return;
+    }
+    return;
+  }
+  for (const Key& key : sorted_keys()) {
+    if (!fn(key.id, *rows_.find(key.id))) return;
   }
 }
 
-uint64_t TablePolicy::row_budget() const {
-  uint64_t budget = config_.max_rows != 0 ? config_.max_rows : kNoBudget;
-  if (config_.max_bytes != 0) budget = std::min(budget, config_.max_bytes / (record_bytes_ + kRowOverheadBytes));
+uint64_t TablePolicy::budget_of(const TablePolicyConfig& config, uint64_t record_bytes) {
+  uint64_t budget = config.max_rows != 0 ? config.max_rows : kNoBudget;
+  if (config.max_bytes != 0) budget = std::min(budget, config.max_bytes / (record_bytes + kRowOverheadBytes));
   return budget;
 }
 
@@ -209,21 +302,17 @@ bool TablePolicy::expired(const Meta& meta, double now) const {
 }
 
 void TablePolicy::touch(uint64_t id, uint64_t tick, double now) {
-  auto found = rows_.find(id);
-  if (found != rows_.end()) {
-    unlink(&*found);
-    found->second = Meta{tick, step_, now, touched_score(&found->second)};
-  } else {
-    found = rows_.emplace(id, Meta{tick, step_, now, touched_score(nullptr)}).first;
-  }
-  link(&*found);
+  const auto [meta, created] = rows_.find_or_insert(id);
+  if (!created && uses_keys()) order_.erase(key_of(id, *meta));
+  *meta = Meta{tick, step_, now, touched_score(created ? nullptr : meta)};
+  link(id, *meta);
 }
 
 void TablePolicy::remove(uint64_t id) {
-  const auto found = rows_.find(id);
-  if (found == rows_.end()) return;
-  unlink(&*found);
-  rows_.erase(found);
+  const Meta* meta = rows_.find(id);
+  if (meta == nullptr) return;
+  if (uses_keys()) order_.erase(key_of(id, *meta));
+  rows_.erase(id);  // its log entry, if any, is stale from now on
 }
 
 PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now) {
@@ -232,35 +321,40 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
   DistinctIds index_of(n);
   std::vector<uint64_t> distinct;
-  std::vector<Status> status;
+  std::vector<uint32_t> slot_of(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
+    if (created) distinct.push_back(ids[i]);
+    slot_of[i] = slot;
+  }
+  std::vector<Status> status(distinct.size());
   std::vector<uint32_t> sketch_cells;
   uint64_t stored_count = 0;
   uint64_t new_count = 0;
   uint64_t increments = 0;
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
+    const uint64_t id = distinct[d];
+    const Meta* found = rows_.find(id);
+    Status s;
+    if (found != nullptr && !expired(*found, now)) {
+      s = Status::Resident;
+    } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
+      s = Status::Admit;
+    } else if (touch_kind == Touch::Lookup) {
+      ++increments;
+      s = sketch_->increment(id, sketch_cells) >= config_.admit_after ? Status::Admit : Status::Pending;
+    } else {
+      s = Status::Pending;
+    }
+    status[d] = s;
+    stored_count += s != Status::Pending;
+    new_count += s == Status::Admit;
+  }
   PolicyDecision decision;
   decision.stored.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
-    if (created) {
-      const uint64_t id = ids[i];
-      const auto found = rows_.find(id);
-      Status s;
-      if (found != rows_.end() && !expired(found->second, now)) {
-        s = Status::Resident;
-      } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
-        s = Status::Admit;
-      } else if (touch_kind == Touch::Lookup) {
-        ++increments;
-        s = sketch_->increment(id, sketch_cells) >= config_.admit_after ? Status::Admit : Status::Pending;
-      } else {
-        s = Status::Pending;
-      }
-      distinct.push_back(id);
-      status.push_back(s);
-      stored_count += s != Status::Pending;
-      new_count += s == Status::Admit;
-    }
-    decision.stored[i] = status[slot] != Status::Pending;
+    decision.stored[i] = status[slot_of[i]] != Status::Pending;
     decision.all_stored = decision.all_stored && decision.stored[i];
   }
   const uint64_t budget = row_budget();
@@ -303,6 +397,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
     for (size_t v = first_victim; v < decision.victims.size(); ++v) remove(decision.victims[v]);
   }
   for (size_t d = 0; d < distinct.size(); ++d) {
+    if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
     if (status[d] == Status::Pending) {
       ++pending_;
       continue;
@@ -310,6 +405,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
     if (status[d] == Status::Admit) decision.admitted.push_back(distinct[d]);
     touch(distinct[d], ++tick_, now);
   }
+  trim_log();
   evicted_ += decision.victims.size();
   admitted_ += decision.admitted.size();
   if (sketch_) sketch_->note_increments(increments);
@@ -338,17 +434,20 @@ std::vector<uint64_t> TablePolicy::enforce(double now) {
     return true;
   });
   for (const uint64_t id : victims) remove(id);
+  trim_log();
   evicted_ += victims.size();
   return victims;
 }
 
 void TablePolicy::forget(const uint64_t* ids, size_t n) {
   for (size_t i = 0; i < n; ++i) remove(ids[i]);
+  trim_log();
 }
 
 void TablePolicy::clear() {
   order_.clear();
-  oldest_ = newest_ = nullptr;
+  log_.clear();
+  log_head_ = 0;
   rows_.clear();
 }
 
@@ -369,9 +468,7 @@ std::vector<RowTouch> TablePolicy::touches(double now) const {
 void TablePolicy::restore(const std::vector<RowTouch>& touches, const Clocks& clocks,
                           const std::vector<uint16_t>* sketch, uint64_t sketch_since_aging, double now) {
   clear();
-  for (const RowTouch& row : touches) {
-    link(&*rows_.emplace(row.id, Meta{row.tick, row.step, now - row.time, row.score}).first);
-  }
+  for (const RowTouch& row : touches) link(row.id, rows_.insert(row.id, Meta{row.tick, row.step, now - row.time, row.score}));
   tick_ = clocks.tick;
   step_ = clocks.step;
   evicted_ = clocks.evicted;

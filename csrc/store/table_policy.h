@@ -36,6 +36,12 @@
 //   count-min sketch (frequency_sketch.h); at the k-th such lookup the row is materialized. An update
 //   never admits (in training, each lookup is followed by the update of the same rows: counting both
 //   would admit at half the count); write and write_bytes admit at once (an explicit assignment).
+// - Cost: O(distinct ids) per request, each a probe of one flat array (id -> metadata) prefetched a few
+//   rows ahead, and for lru/ttl an append to the touch log (the recency order, kept lazily: see
+//   Entry); a victim costs a log entry read and a probe. No allocation per row. Without evict no order
+//   is kept at all.
+// - Admission sketch size: sketch_width 0 (the default) sizes it from the budget when the policy is
+//   set: auto_sketch_width below.
 // - Accounting: the metadata containers allocate through a counting allocator, so bytes() is the
 //   exact number of bytes they asked for, plus the sketch.
 //
@@ -48,10 +54,10 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "frequency_sketch.h"
+#include "mix64.h"
 
 namespace recdev::store {
 
@@ -65,7 +71,9 @@ struct TablePolicyConfig {
   uint64_t ttl_steps = 0;   // ttl: evict rows not touched for this many steps, or
   double ttl_seconds = 0;   // this many seconds (exactly one of the two with evict = ttl)
   uint32_t admit_after = 1; // a row is materialized at its admit_after-th lookup
-  uint32_t sketch_width = 1u << 16;
+  // Columns of the admission sketch; 0: sized from the budget (auto_sketch_width). The policy in
+  // force always holds the width it uses.
+  uint32_t sketch_width = 0;
 
   // Whether the table needs a policy at all.
   bool active() const { return max_rows != 0 || max_bytes != 0 || evict != EvictKind::None || admit_after > 1; }
@@ -76,6 +84,14 @@ std::string evict_name(EvictKind kind);
 std::string describe(const TablePolicyConfig& config);
 // Throws StoreError(InvalidArgument) naming what is wrong and what to do.
 void validate_policy(const TablePolicyConfig& config);
+// The sketch width for a table of that row budget (UINT64_MAX: none): the power of two at or above
+// twice the budget, within [kMinAutoSketchWidth, kMaxAutoSketchWidth]; kNoBudgetSketchWidth without a
+// budget. The sketch takes 4 x 2 bytes per column: from 8 KiB up to 32 MiB, about 16 bytes per row
+// of the budget.
+constexpr uint32_t kMinAutoSketchWidth = 1u << 10;
+constexpr uint32_t kMaxAutoSketchWidth = 1u << 22;
+constexpr uint32_t kNoBudgetSketchWidth = 1u << 14;
+uint32_t auto_sketch_width(uint64_t row_budget);
 
 enum class Touch { Lookup, Update, Write };
 
@@ -114,11 +130,12 @@ class TablePolicy {
   TablePolicy& operator=(const TablePolicy&) = delete;
 
   const TablePolicyConfig& config() const { return config_; }
-  // A new config, keeping the rows' metadata (and the sketch if its width stays).
+  // A new config, keeping the rows' metadata (and the sketch if its width stays). A sketch_width of 0
+  // becomes auto_sketch_width of the new budget.
   void reconfigure(const TablePolicyConfig& config);
   void set_record_bytes(uint64_t record_bytes) { record_bytes_ = record_bytes; }
   // The row budget in force (max_rows and max_bytes combined), or UINT64_MAX.
-  uint64_t row_budget() const;
+  uint64_t row_budget() const { return budget_of(config_, record_bytes_); }
   uint64_t rows() const { return rows_.size(); }
 
   // Records one request's touches and decides it (see PolicyDecision). Throws StoreError with
@@ -154,18 +171,6 @@ class TablePolicy {
     uint64_t step;
     double time;
     double score;
-    // lru and ttl: the recency list, oldest first (map nodes do not move).
-    std::pair<const uint64_t, Meta>* older = nullptr;
-    std::pair<const uint64_t, Meta>* newer = nullptr;
-  };
-  using Node = std::pair<const uint64_t, Meta>;
-  struct Key {
-    double score;
-    uint64_t tick;
-    uint64_t id;
-    bool operator<(const Key& other) const {
-      return score != other.score ? score < other.score : tick < other.tick;
-    }
   };
   template <class T>
   struct Counting {
@@ -187,13 +192,77 @@ class TablePolicy {
     template <class U>
     bool operator!=(const Counting<U>& other) const { return bytes != other.bytes; }
   };
+  // id -> Meta in one open-addressing array (linear probing, at most half full, backward-shift erase):
+  // one cache line per lookup and no allocation per row, which a node-based map cost on every
+  // admission and eviction (a request admits and evicts tens of thousands).
+  class MetaMap {
+   public:
+    explicit MetaMap(uint64_t* bytes) : slots_(Counting<Slot>(bytes)) {}
+    size_t size() const { return size_; }
+    Meta* find(uint64_t id);
+    const Meta* find(uint64_t id) const { return const_cast<MetaMap*>(this)->find(id); }
+    void prefetch(uint64_t id) const;
+    std::pair<Meta*, bool> find_or_insert(uint64_t id);  // {meta, created}; a new row's meta is unset
+    Meta& insert(uint64_t id, const Meta& meta);          // replaces the row's meta if it is there
+    bool erase(uint64_t id);
+    void clear();
+    template <class Fn>
+    void for_each(Fn fn) {
+      for (Slot& slot : slots_) {
+        if (slot.id != kFree) fn(slot.id, slot.meta);
+      }
+    }
+    template <class Fn>
+    void for_each(Fn fn) const {
+      for (const Slot& slot : slots_) {
+        if (slot.id != kFree) fn(slot.id, slot.meta);
+      }
+    }
 
+   private:
+    // No row id is UINT64_MAX: num_rows is at most UINT64_MAX, so ids are below it.
+    static constexpr uint64_t kFree = ~uint64_t{0};
+    struct Slot {
+      uint64_t id;
+      Meta meta;
+    };
+    size_t home(uint64_t id) const { return size_t(mix64(id)) & (slots_.size() - 1); }
+    void grow();
+    std::vector<Slot, Counting<Slot>> slots_;
+    size_t size_ = 0;
+  };
+  struct Key {
+    double score;
+    uint64_t tick;
+    uint64_t id;
+    bool operator<(const Key& other) const {
+      return score != other.score ? score < other.score : tick < other.tick;
+    }
+  };
+  // lru and ttl: the recency order is a log of touches, oldest first; a touch appends its row with its
+  // new tick, which makes the row's earlier entry stale (its tick is no longer the row's). Appending
+  // is all a touch costs; stale entries are skipped by walks and dropped by trim_log().
+  struct Entry {
+    uint64_t id;
+    uint64_t tick;
+  };
+
+  static uint64_t budget_of(const TablePolicyConfig& config, uint64_t record_bytes);
   Key key_of(uint64_t id, const Meta& meta) const { return Key{meta.score, meta.tick, id}; }
-  // lru and ttl order rows by a list (a touch moves its row to the end in O(1)); lfu by the set of keys.
-  bool uses_list() const { return config_.evict != EvictKind::Lfu; }
-  void link(Node* node);    // into the order
-  void unlink(Node* node);  // out of it
-  void relink_all();        // after the kind of order changed
+  // lru and ttl order rows by the log, lfu by the set of keys; without evict nothing is ever a victim,
+  // so no order is kept (a checkpoint sorts the rows by tick).
+  bool uses_log() const { return config_.evict == EvictKind::Lru || config_.evict == EvictKind::Ttl; }
+  bool uses_keys() const { return config_.evict == EvictKind::Lfu; }
+  bool live(const Entry& entry) const {
+    const Meta* meta = rows_.find(entry.id);
+    return meta != nullptr && meta->tick == entry.tick;
+  }
+  void link(uint64_t id, const Meta& meta);  // into the order
+  void relink_all();                         // after the kind of order changed
+  std::vector<Key> sorted_keys() const;      // every row's key, in eviction order
+  // Consumes the log's stale entries at its front, and compacts it once it holds several entries per
+  // live row (amortized O(1) per touch).
+  void trim_log();
   // The rows in eviction order: fn(id, meta) until it returns false.
   template <class Fn>
   void walk(Fn fn) const;
@@ -206,13 +275,10 @@ class TablePolicy {
   uint64_t record_bytes_;
   // Declared before the containers, which count into it.
   std::unique_ptr<uint64_t> metadata_bytes_ = std::make_unique<uint64_t>(0);
-  std::unordered_map<uint64_t, Meta, std::hash<uint64_t>, std::equal_to<uint64_t>,
-                     Counting<std::pair<const uint64_t, Meta>>>
-      rows_{0, std::hash<uint64_t>(), std::equal_to<uint64_t>(),
-            Counting<std::pair<const uint64_t, Meta>>(metadata_bytes_.get())};
+  MetaMap rows_{metadata_bytes_.get()};
   std::set<Key, std::less<Key>, Counting<Key>> order_{std::less<Key>(), Counting<Key>(metadata_bytes_.get())};
-  Node* oldest_ = nullptr;
-  Node* newest_ = nullptr;
+  std::vector<Entry, Counting<Entry>> log_{Counting<Entry>(metadata_bytes_.get())};
+  size_t log_head_ = 0;  // entries before it were consumed
   std::unique_ptr<FrequencySketch> sketch_;  // with admit_after > 1
   uint64_t tick_ = 0;
   uint64_t step_ = 0;

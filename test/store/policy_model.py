@@ -8,7 +8,19 @@ import math
 
 MASK = (1 << 64) - 1
 SKETCH_SEEDS = (0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89)
-AGING_FACTOR = 10
+AGING_FACTOR = 1
+# auto_sketch_width (table_policy.h): the sketch's width when the policy does not give one.
+MIN_AUTO_WIDTH, MAX_AUTO_WIDTH, NO_BUDGET_WIDTH = 1 << 10, 1 << 22, 1 << 14
+
+
+def auto_sketch_width(max_rows):
+    """The power of two at or above twice the budget, within [2^10, 2^22]; 2^14 without a budget."""
+    if max_rows is None:
+        return NO_BUDGET_WIDTH
+    width = MIN_AUTO_WIDTH
+    while width < MAX_AUTO_WIDTH and width // 2 < max_rows:
+        width *= 2
+    return width
 
 
 def mix64(x: int) -> int:
@@ -42,13 +54,13 @@ class Sketch:
 class PolicyModel:
     """evict: None, "lru", "lfu" or "ttl" (ttl in steps)."""
 
-    def __init__(self, max_rows=None, evict=None, half_life=1000.0, ttl=None, admit_after=1, sketch_width=1 << 16):
+    def __init__(self, max_rows=None, evict=None, half_life=1000.0, ttl=None, admit_after=1, sketch_width=None):
         self.max_rows = max_rows
         self.evict = evict
         self.half_life = float(half_life)
         self.ttl = ttl
         self.admit_after = admit_after
-        self.sketch = Sketch(sketch_width) if admit_after > 1 else None
+        self.sketch = Sketch(sketch_width or auto_sketch_width(max_rows)) if admit_after > 1 else None
         self.rows = {}  # id -> (tick, step, score)
         self.tick = 0
         self.step = 0

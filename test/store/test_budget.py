@@ -62,8 +62,9 @@ def run_against_model(table, model, rng, requests=300, skewed=True):
         dict(max_rows=20, evict="lfu", half_life=1000.0),
         dict(evict="ttl", ttl_steps=4),
         dict(max_rows=15, evict="ttl", ttl_steps=6),
-        dict(max_rows=20, evict="lru", admit_after=3, sketch_width=16),
+        dict(max_rows=20, evict="lru", admit_after=3, sketch_width=64),
         dict(admit_after=2, sketch_width=16),
+        dict(max_rows=20, evict="lru", admit_after=2),
     ],
 )
 def test_policy_matches_the_reference_model(policy_table, rng, policy):
@@ -74,7 +75,7 @@ def test_policy_matches_the_reference_model(policy_table, rng, policy):
         half_life=policy.get("half_life", 1000.0),
         ttl=policy.get("ttl_steps"),
         admit_after=policy.get("admit_after", 1),
-        sketch_width=policy.get("sketch_width", 1 << 16),
+        sketch_width=policy.get("sketch_width"),
     )
     run_against_model(table, model, rng)
     assert model.evicted or policy.get("evict") is None  # the stream did exercise eviction
@@ -189,7 +190,7 @@ def test_a_smaller_budget_evicts_at_once_and_keeps_the_order(policy_table, store
     assert held(table) == {6, 7, 8, 9}
     assert table.policy == dict(
         max_rows=4, max_bytes=None, evict="lru", half_life=1000.0, ttl_steps=None, ttl_seconds=None,
-        admit_after=1, sketch_width=1 << 16,
+        admit_after=1, sketch_width=0,
     )
 
 
@@ -221,6 +222,27 @@ def test_ttl_in_seconds(policy_table):
     time.sleep(0.3)
     table.gather(np.array([7], np.uint64))
     assert held(table) == {7}
+
+
+@pytest.mark.parametrize(
+    "policy, width",
+    [
+        (dict(admit_after=2, max_rows=20), 1 << 10),
+        (dict(admit_after=2, max_rows=3000, evict="lru"), 1 << 13),
+        (dict(admit_after=2, max_rows=10**7, evict="lru"), 1 << 22),
+        (dict(admit_after=2, max_bytes=4096 * (DIM * 4 + 128), evict="lru"), 1 << 13),
+        (dict(admit_after=2), 1 << 14),
+        (dict(admit_after=2, max_rows=20, sketch_width=64), 64),
+    ],
+)
+def test_the_sketch_is_sized_from_the_budget_and_counted_in_bytes(policy_table, policy, width):
+    table, _ = policy_table()
+    plain = table.stats().bytes
+    table.set_policy(**policy)
+    assert table.policy["sketch_width"] == width
+    assert table.stats().bytes == plain + 4 * 2 * width  # no row held yet: the sketch is all there is
+    assert width == PolicyModel(max_rows=policy.get("max_rows", policy.get("max_bytes") and 4096),
+                                admit_after=2, sketch_width=policy.get("sketch_width")).sketch.width
 
 
 def test_touch_metadata_is_counted_in_bytes(policy_table):
