@@ -13,7 +13,7 @@ import json
 import sys
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -35,29 +35,41 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.manual_seed(0)
 
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=args.lr,
-        eps=args.eps,
-        pooling_mode=PoolingMode.SUM,
-    )
     ids = torch.randint(0, args.rows, (args.ids,), dtype=torch.int64)
     # TBE takes B + 1 offsets (the last one ends the last bag).
     offsets = torch.arange(0, args.ids + 1, args.bag, dtype=torch.int64)
 
-    def forward():
-        with torch.no_grad():
-            tbe(ids, offsets)
+    def timed(precision):
+        """(forward, training step) seconds of a TBE whose weights are of `precision`."""
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=[(args.rows, args.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+            optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=args.lr,
+            eps=args.eps,
+            pooling_mode=PoolingMode.SUM,
+            weights_precision=precision,
+            stochastic_rounding=False,  # round to nearest, as recdev does by default
+        )
 
-    def train_step():
-        out = tbe(ids, offsets)
-        out.sum().backward()  # the fused EXACT_ROWWISE_ADAGRAD update runs inside backward
+        def forward():
+            with torch.no_grad():
+                tbe(ids, offsets)
 
+        def train_step():
+            out = tbe(ids, offsets)
+            out.sum().backward()  # the fused EXACT_ROWWISE_ADAGRAD update runs inside backward
+
+        return median_seconds(forward, repeat=args.repeat), median_seconds(train_step, repeat=args.repeat)
+
+    forward_s, train_step_s = timed(SparseType.FP32)
+    # float16 weights with float32 optimizer state: the peer of recdev's float16 tables (issue 17).
+    fp16_forward_s, fp16_train_step_s = timed(SparseType.FP16)
     result = {
         "torch": torch.__version__,
-        "forward_s": median_seconds(forward, repeat=args.repeat),
-        "train_step_s": median_seconds(train_step, repeat=args.repeat),
+        "forward_s": forward_s,
+        "train_step_s": train_step_s,
+        "fp16_forward_s": fp16_forward_s,
+        "fp16_train_step_s": fp16_train_step_s,
         "threads": torch.get_num_threads(),
     }
     json.dump(result, sys.stdout)

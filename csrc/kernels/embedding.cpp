@@ -290,12 +290,12 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (half) {
     // Rounded once; mean then divides the rounded sum by the bag size in the half type, as CPU's
     // apply_bag_size does after its float32-accumulated sum.
-    at::Tensor pooled = device::cpu_view(out).to(weight.scalar_type());
+    at::Tensor rounded = empty_host({num_bags, dim}, weight.scalar_type());
+    at::Tensor pooled = device::cpu_view(rounded);
+    pooled.copy_(device::cpu_view(out));
     if (mode == 1) {
       pooled.div_(device::cpu_view(bag_size).clamp_min(1).to(pooled.scalar_type()).unsqueeze(1));
     }
-    at::Tensor rounded = empty_host({num_bags, dim}, weight.scalar_type());
-    device::cpu_view(rounded).copy_(pooled);
     out = rounded;
   }
   torch::jit::drop(*stack, n);

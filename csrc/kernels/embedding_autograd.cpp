@@ -267,8 +267,9 @@ void table_embedding_bag_backward_core(
   std::vector<uint64_t> rows =
       RowIds(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag backward").to_vector();
   const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
-  // The store pools float32 tables only (store/table.h); other types expand a row per id.
-  if (offsets.defined() && mode != 2 && !scale_grad_by_freq && table_of(weight).dtype() == store::ElementType::Float32) {
+  // The store takes the bag gradients of float32 tables, and of the embedded store's half ones
+  // (TableHandle::pools_gradients); other tables expand a row per id.
+  if (offsets.defined() && mode != 2 && !scale_grad_by_freq && table_of(weight).pools_gradients()) {
     update_from_bag_grads(weight, *first, rows, offsets, grad, weighted ? *per_sample_weights : at::Tensor(), mode,
                           include_last_offset, padding_idx);
     return;

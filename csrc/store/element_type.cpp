@@ -1,5 +1,6 @@
 #include "element_type.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cpu_features.h"
@@ -74,12 +75,53 @@ uint16_t float_to_half(float f) {
 namespace {
 
 #ifdef RECDEV_STORE_AVX2_KERNELS
-// The leading count / 8 * 8 halves widened 8 at a time (every AVX2 CPU has F16C; the conversion is
-// exact, as half_to_float's); returns how many.
+// The AVX2 conversions below each do the leading count / 8 * 8 elements, 8 at a time, with the
+// scalar conversions' results bit for bit (every AVX2 CPU has F16C: its widening is exact, and its
+// narrowing rounds to nearest even, keeping a nan's sign and upper payload bits with the quiet bit
+// set, as float_to_half does), and return how many they did. Updates of half rows convert every
+// row twice, and pooling widens every row: one conversion at a time, that was most of their time.
+using Words8 = uint32_t __attribute__((vector_size(32)));
+using Halves8 = uint16_t __attribute__((vector_size(16)));
+
 __attribute__((target("avx2,f16c"))) size_t widen_halves_f16c(const uint16_t* src, float* out, size_t count) {
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  return i;
+}
+
+__attribute__((target("avx2,f16c"))) size_t narrow_halves_f16c(const float* src, uint16_t* out, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t widen_bfloat16s_avx2(const uint16_t* src, float* out, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    Halves8 halves;
+    std::memcpy(&halves, src + i, sizeof(halves));
+    const Words8 bits = __builtin_convertvector(halves, Words8) << 16;
+    std::memcpy(out + i, &bits, sizeof(bits));
+  }
+  return i;
+}
+
+// float_to_bfloat16, 8 lanes at a time.
+__attribute__((target("avx2"))) size_t narrow_bfloat16s_avx2(const float* src, uint16_t* out, size_t count) {
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    Words8 bits;
+    std::memcpy(&bits, src + i, sizeof(bits));
+    const Words8 nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    const Words8 rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const Words8 quiet = (bits >> 16) | 0x0040u;
+    const Halves8 halves = __builtin_convertvector((nan & quiet) | (~nan & rounded), Halves8);
+    std::memcpy(out + i, &halves, sizeof(halves));
   }
   return i;
 }
@@ -98,9 +140,14 @@ void widen_to_float(ElementType type, const void* src, float* out, size_t count)
       for (; i < count; ++i) out[i] = half_to_float(halves[i]);
       return;
     }
-    case ElementType::BFloat16:
-      for (size_t i = 0; i < count; ++i) out[i] = bfloat16_to_float(halves[i]);
+    case ElementType::BFloat16: {
+      size_t i = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+      if (cpu_has_avx2()) i = widen_bfloat16s_avx2(halves, out, count);
+#endif
+      for (; i < count; ++i) out[i] = bfloat16_to_float(halves[i]);
       return;
+    }
     default: std::memcpy(out, src, count * sizeof(float));
   }
 }
@@ -108,13 +155,35 @@ void widen_to_float(ElementType type, const void* src, float* out, size_t count)
 void narrow_from_float(ElementType type, const float* src, void* out, size_t count) {
   auto* halves = static_cast<uint16_t*>(out);
   switch (type) {
-    case ElementType::Float16:
-      for (size_t i = 0; i < count; ++i) halves[i] = float_to_half(src[i]);
+    case ElementType::Float16: {
+      size_t i = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+      if (cpu_has_avx2()) i = narrow_halves_f16c(src, halves, count);
+#endif
+      for (; i < count; ++i) halves[i] = float_to_half(src[i]);
       return;
-    case ElementType::BFloat16:
-      for (size_t i = 0; i < count; ++i) halves[i] = float_to_bfloat16(src[i]);
+    }
+    case ElementType::BFloat16: {
+      size_t i = 0;
+#ifdef RECDEV_STORE_AVX2_KERNELS
+      if (cpu_has_avx2()) i = narrow_bfloat16s_avx2(src, halves, count);
+#endif
+      for (; i < count; ++i) halves[i] = float_to_bfloat16(src[i]);
       return;
+    }
     default: std::memcpy(out, src, count * sizeof(float));
+  }
+}
+
+void round_through(ElementType type, float* values, size_t count) {
+  if (type == ElementType::Float32) return;
+  // A block at a time, so that the narrowed copy stays in L1.
+  constexpr size_t kBlock = 2048;
+  uint16_t narrowed[kBlock];
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    narrow_from_float(type, values + begin, narrowed, n);
+    widen_to_float(type, narrowed, values + begin, n);
   }
 }
 

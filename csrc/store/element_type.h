@@ -28,6 +28,11 @@ const char* element_type_name(ElementType type);
 size_t element_bytes(ElementType type);
 // Whether the store can compute on rows of this type (init values other than zero, optimizers).
 inline bool is_numeric(ElementType type) { return type != ElementType::Bytes; }
+// Whether the store pools rows of this type and takes their bag gradients (float32 arithmetic):
+// Float32, Float16, BFloat16.
+inline bool computes_in_float32(ElementType type) {
+  return type == ElementType::Float32 || type == ElementType::Float16 || type == ElementType::BFloat16;
+}
 // The compute type's size: 8 for Float64, else 4.
 inline size_t compute_bytes(ElementType type) { return type == ElementType::Float64 ? 8 : 4; }
 
@@ -83,6 +88,9 @@ inline uint16_t float_to_bfloat16(float f) {
 void widen_to_float(ElementType type, const void* src, float* out, size_t count);
 // count float32 values rounded into elements of `type` at out (Float32, Float16, BFloat16).
 void narrow_from_float(ElementType type, const float* src, void* out, size_t count);
+// count float32 values replaced by their value rounded into `type` (Float16, BFloat16; Float32
+// leaves them): what a float32 value becomes when it is sent as an element of `type` and widened.
+void round_through(ElementType type, float* values, size_t count);
 // count float32 values rounded stochastically into elements of `type` at out (Float16, BFloat16):
 // each value becomes the upper of the two values of `type` around it with probability
 // (x - lower) / (upper - lower), else the lower (values exactly representable, non-finite, or past

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cpu_features.h"
 #include "errors.h"
@@ -144,12 +145,30 @@ RowSummer best_row_summer() {
   return {&sum_rows_portable, &sum_scaled_rows_portable};
 }
 
+// Rows go to the summer kGroup at a time: a bag of any size in a fixed buffer.
+constexpr size_t kGroup = 32;
+
+// The rows of a bag as float32: a float32 row as it is, a half row widened into `widened` (kGroup
+// rows of dim floats, 16 KiB at dim 128: it stays in L1 while the summer reads it back).
+struct FloatRows {
+  ElementType type;
+  uint32_t dim;
+  float* widened;  // null for Float32
+
+  const float* take(const float* row, size_t slot) const {
+    if (widened == nullptr) return row;
+    float* wide = widened + slot * dim;
+    widen_to_float(type, row, wide, dim);
+    return wide;
+  }
+};
+
 // Sums every non-skipped row of a bag into out (which it overwrites), scaled by its per-sample
-// weight when there is one, and returns how many rows it took. Rows go to the summer kGroup at a
-// time: a bag of any size in a fixed buffer.
-size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, uint32_t dim, float* out) {
+// weight when there is one, and returns how many rows it took.
+size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const FloatRows& as_float,
+               float* out) {
   static const RowSummer summer = best_row_summer();
-  constexpr size_t kGroup = 32;
+  const uint32_t dim = as_float.dim;
   const float* group[kGroup];
   float weights[kGroup];
   size_t grouped = 0;
@@ -164,7 +183,7 @@ size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& r
   };
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    group[grouped] = rows.next();
+    group[grouped] = as_float.take(rows.next(), grouped);
     if (bag.per_sample_weights != nullptr) weights[grouped] = bag.per_sample_weights[position];
     ++grouped;
     ++count;
@@ -178,12 +197,13 @@ size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& r
 // value stands whatever follows, so a nan there stays (CPU's embedding_bag), and a later nan never
 // counts. With ignore_nan no nan counts, and max_positions (then required) tells which elements
 // took a value (-1: none).
-void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, uint32_t dim, float* out,
-             int64_t* max_positions, bool ignore_nan) {
+void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const FloatRows& as_float,
+             float* out, int64_t* max_positions, bool ignore_nan) {
+  const uint32_t dim = as_float.dim;
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const float* row = rows.next();
+    const float* row = as_float.take(rows.next(), 0);
     for (uint32_t d = 0; d < dim; ++d) {
       const bool take = ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d])
                                    : first || row[d] > out[d];
@@ -227,8 +247,10 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   }
 }
 
-void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, uint32_t dim, float* out,
-               int64_t* max_positions) {
+void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
+               uint32_t dim, float* out, int64_t* max_positions) {
+  std::vector<float> widened(type == ElementType::Float32 ? 0 : kGroup * size_t{dim});
+  const FloatRows as_float{type, dim, widened.empty() ? nullptr : widened.data()};
   for (size_t b = first_bag; b < end_bag; ++b) {
     float* bag_out = out + b * dim;
     int64_t* bag_positions = max_positions != nullptr ? max_positions + b * dim : nullptr;
@@ -238,10 +260,10 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
       std::fill(bag_out, bag_out + dim, 0.0f);
       if (bag_positions != nullptr) std::fill(bag_positions, bag_positions + dim, int64_t{-1});
       const bool ignore_nan = bag.ignore_nan != nullptr && bag.ignore_nan[b] != 0;
-      max_bag(bag, begin, end, rows, dim, bag_out, bag_positions, ignore_nan);
+      max_bag(bag, begin, end, rows, as_float, bag_out, bag_positions, ignore_nan);
       continue;
     }
-    const size_t count = sum_bag(bag, begin, end, rows, dim, bag_out);
+    const size_t count = sum_bag(bag, begin, end, rows, as_float, bag_out);
     if (bag.mode == PoolingMode::Mean && count > 0) {
       for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
     }

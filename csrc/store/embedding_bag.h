@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "element_type.h"
 #include "prefetch.h"
 
 namespace recdev::store {
@@ -41,12 +42,13 @@ struct EmbeddingBag {
 // the table. Row ids are the table's to check.
 void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows);
 
-// Where pool_bags takes its rows: rows[k] (dim floats) for the k-th non-skipped id of the bags,
-// anywhere in memory, each prefetched a few rows ahead of its turn.
+// Where pool_bags takes its rows: rows[k] (words 4-byte words: a table's record, or a copy of its
+// weight words) for the k-th non-skipped id of the bags, anywhere in memory, each prefetched a few
+// rows ahead of its turn.
 class RowPointers {
  public:
-  RowPointers(const float* const* rows, size_t count, uint32_t dim)
-      : rows_(rows), count_(count), row_bytes_(size_t{dim} * sizeof(float)) {
+  RowPointers(const float* const* rows, size_t count, uint32_t words)
+      : rows_(rows), count_(count), row_bytes_(size_t{words} * sizeof(float)) {
     for (size_t k = 0; k < std::min(count, kAhead); ++k) prefetch_range(rows_[k], row_bytes_);
   }
   // The next row, in order; there must be one.
@@ -64,11 +66,14 @@ class RowPointers {
 };
 
 // Pools bags [first_bag, end_bag) into out (dim floats per bag, indexed by bag number), taking their
-// rows from `rows`, which holds one for each of their non-skipped ids. Empty bags give zeros; Mean
+// rows (dim elements of `type`: Float32, Float16 or BFloat16) from `rows`, which holds one for each
+// of their non-skipped ids. Half rows are widened exactly as they are read, a few rows at a time
+// into a buffer that stays in cache, so the arithmetic (and every result) is float32's on the
+// widened values, and the rows' memory traffic is half of float32's. Empty bags give zeros; Mean
 // divides by the number of non-skipped ids; Max keeps the first of equal maxima and, when
 // max_positions is not null, records per element the position in ids of the maximum (-1 for an
 // empty bag), exactly as embedding_bag on CPU does (a nan stays only if it comes first in its bag).
-void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, uint32_t dim, float* out,
-               int64_t* max_positions);
+void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
+               uint32_t dim, float* out, int64_t* max_positions);
 
 }  // namespace recdev::store

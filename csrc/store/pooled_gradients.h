@@ -7,20 +7,28 @@
 // per-sample weights need a row per id. Skipped ids (padding_idx) get no gradient. The values are
 // bit for bit those of expanding first (PyTorch's index_select of the bag gradients, then mul / div
 // in float32), so the update is the same.
+//
+// Half-precision tables (Float16, BFloat16) take per-id gradients in their own type (Table::update),
+// so there every id's gradient is also rounded into the table's type (and widened back, exactly),
+// as PyTorch's conversion of the expanded rows would round it: the same update as update() with
+// those rows. The rounding is done once per bag (Sum, Mean) or per id (per-sample weights).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "element_type.h"
 #include "embedding_bag.h"
 
 namespace recdev::store {
 
 class PooledGradients {
  public:
-  // bag: validated, with mode Sum or Mean; bag_grads: num_bags * dim floats (must outlive this).
-  PooledGradients(const EmbeddingBag& bag, const float* bag_grads, uint32_t dim);
+  // bag: validated, with mode Sum or Mean; bag_grads: num_bags * dim floats (must outlive this);
+  // type: the table's (Float32, Float16 or BFloat16), dim its row's elements.
+  PooledGradients(const EmbeddingBag& bag, const float* bag_grads, uint32_t dim,
+                  ElementType type = ElementType::Float32);
 
   // The ids that get a gradient (batch order, skipped ones left out) and each one's gradient row.
   size_t size() const { return rows_.size(); }
@@ -36,7 +44,8 @@ class PooledGradients {
   const uint64_t* ids_ = nullptr;  // the bag's own ids, when none is skipped
   std::vector<uint64_t> kept_ids_;
   std::vector<const float*> rows_;
-  std::vector<float> scaled_;  // Mean: a row per bag; per-sample weights: a row per id
+  // Mean, or Sum on a half table: a row per bag; per-sample weights: a row per id.
+  std::vector<float> scaled_;
   const float* values_ = nullptr;
   size_t value_count_ = 0;
 };

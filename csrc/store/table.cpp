@@ -523,8 +523,7 @@ void Table::peek(const uint64_t* ids, size_t n, float* out) const {
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan) {
-  const bool half = dtype_ == ElementType::Float16 || dtype_ == ElementType::BFloat16;
-  if (dtype_ != ElementType::Float32 && !half) {
+  if (!computes_in_float32(dtype_)) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "gather_pooled of table " + std::to_string(id_) + " refused: the store pools float32, float16 "
                      "and bfloat16 tables; a " + describe(dtype_) + " table's rows are gathered and pooled by the caller");
@@ -551,8 +550,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   // single bag is larger.
   std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
   std::vector<const float*> rows;   // the gathered row of each of block_ids
-  std::vector<float> gathered;
-  std::vector<uint16_t> halves;  // half tables: the block's rows as stored, widened into gathered
+  std::vector<float> gathered;      // their weight words, as stored
   LockedRecords found;
   for (size_t first_bag = 0; first_bag < num_bags;) {
     const size_t begin = bag.bag_begin(first_bag);
@@ -562,28 +560,16 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     for (size_t position = begin; position < bag.bag_end(end_bag - 1); ++position) {
       if (!bag.skips(position)) block_ids.push_back(ids[position]);
     }
-    const bool pooled = !half && pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
+    const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
     found.unlock();  // the fallback below may materialize
     if (!pooled) {
-      // Some rows are not materialized (or are half rows, widened to float32 exactly, so that the
-      // pooling accumulates in float32 and the caller rounds each output once): gather copies,
-      // which materializes them, and pool those.
-      gathered.resize(block_ids.size() * elements_);
-      if (half) {
-        // read_rows copies each row's dim_ record words: 2 * dim_ halves, elements_ of them used.
-        const size_t stride = size_t{dim_} * 2;
-        halves.resize(block_ids.size() * stride);
-        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(halves.data()), miss);
-        for (size_t k = 0; k < block_ids.size(); ++k) {
-          widen_to_float(dtype_, halves.data() + k * stride, gathered.data() + k * elements_, elements_);
-        }
-      } else {
-        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
-      }
+      // Some rows are not materialized: gather copies, which materializes them, and pool those.
+      gathered.resize(block_ids.size() * dim_);
+      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
       rows.resize(block_ids.size());
-      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * elements_;
-      RowPointers source(rows.data(), rows.size(), elements_);
-      pool_bags(bag, first_bag, end_bag, source, elements_, out, max_positions);
+      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
+      RowPointers source(rows.data(), rows.size(), dim_);
+      pool_bags(bag, first_bag, end_bag, source, dtype_, elements_, out, max_positions);
     }
     first_bag = end_bag;
   }
@@ -597,7 +583,7 @@ bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_
   find_in_batch_order(block_ids.data(), block_ids.size(), found);
   if (std::find(found.records.begin(), found.records.end(), nullptr) != found.records.end()) return false;
   RowPointers rows(found.records.data(), found.records.size(), dim_);
-  pool_bags(bag, first_bag, end_bag, rows, dim_, out, max_positions);
+  pool_bags(bag, first_bag, end_bag, rows, dtype_, elements_, out, max_positions);
   reads_.fetch_add(block_ids.size(), std::memory_order_relaxed);
   return true;
 }
@@ -978,15 +964,15 @@ void Table::update(const uint64_t* ids, size_t n, const void* grads) {
 void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                           int64_t padding_idx, const float* bag_grads) {
-  if (dtype_ != ElementType::Float32) {
+  if (!computes_in_float32(dtype_)) {
     throw StoreError(ErrorCode::InvalidArgument,
-                     "update_pooled of table " + std::to_string(id_) + " refused: the store pools float32 tables; a " +
-                         describe(dtype_) + " table takes per-id gradients (update)");
+                     "update_pooled of table " + std::to_string(id_) + " refused: the store pools float32, float16 "
+                     "and bfloat16 tables; a " + describe(dtype_) + " table takes per-id gradients (update)");
   }
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
-  const PooledGradients gradients(bag, bag_grads, dim_);
+  const PooledGradients gradients(bag, bag_grads, elements_, dtype_);
   apply_gradients_with_policy<float>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
                                      gradients.value_count());
 }

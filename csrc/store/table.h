@@ -271,10 +271,12 @@ class Table {
   void update(const uint64_t* ids, size_t n, const void* grads);
 
   // update() with the gradient of an embedding_bag's output (pooled_gradients.h): bag_grads is
-  // num_bags * dim floats, and each id of the bags (the layout and arguments of gather_pooled) gets
-  // its bag's gradient as the mode scaled it — Sum (times its per-sample weight, if any) or Mean;
-  // Max is refused with StoreError(InvalidArgument). float32 tables only (as gather_pooled): the
-  // device pools other types itself and sends per-id gradients. Ids equal to padding_idx get none. The same
+  // num_bags * elements floats (elements: a row's, dim words of the table's type), and each id of the
+  // bags (the layout and arguments of gather_pooled) gets its bag's gradient as the mode scaled it —
+  // Sum (times its per-sample weight, if any) or Mean, rounded into the table's type on float16 and
+  // bfloat16 tables (whose update() takes gradients in that type); Max is refused with
+  // StoreError(InvalidArgument). float32, float16 and bfloat16 tables (as gather_pooled): float64
+  // ones take per-id gradients. Ids equal to padding_idx get none. The same
   // step, bit for bit, as update() with those per-id rows, without writing them out; validated the
   // same way (the bags as gather_pooled validates them, too), and a non-finite gradient names the
   // first id, counted among the ids that get one, whose gradient holds it.

@@ -71,6 +71,11 @@ class TableHandle {
   virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                              PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                              int64_t padding_idx, const float* bag_grads) = 0;
+  // Whether update_pooled takes this table's bag gradients: float32 tables everywhere, and the
+  // embedded store's float16 and bfloat16 tables (LocalTable). Elsewhere a half table's bag gradients
+  // are expanded per id by the caller and sent through update, whose rows the wire carries in the
+  // table's type.
+  virtual bool pools_gradients() const { return dtype() == ElementType::Float32; }
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
 
   // Whole tables, for torch.save / torch.load and whole-table copies (csrc/python/table_serialization.cpp, csrc/device/table_copy.cpp):

@@ -124,6 +124,53 @@ def test_fifty_steps_match_the_reference(dtype, kind):
                        init[TOUCHED:].view(torch.int16 if dtype in HALF else torch.int64))
 
 
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_bag_gradients_update_a_half_table_as_per_id_gradients_do(dtype, kind, stochastic):
+    # Eager embedding_bag backward hands sum and mean bags' gradients to the store, which spreads them
+    # over the bags' ids itself (Table::update_pooled); the op torch.compile's backward calls has no
+    # offsets, so it expands a gradient row per id in the table's type and sends those (update). Both
+    # must move a half table bit for bit alike: sum, mean and per-sample-weighted bags, with a
+    # duplicate, a padding id and an empty bag, gradients whose mean and weighted shares round.
+    def optimizer_of(weight):
+        torch.manual_seed(11)  # the same rounding seed for both tables
+        return OPTIMIZERS[kind][0]([weight]) if not stochastic else {
+            "sgd": lambda p: rd_optim.SGD(p, lr=0.05, stochastic_rounding=True),
+            "adagrad": lambda p: rd_optim.Adagrad(p, lr=0.05, initial_accumulator_value=0.1,
+                                                  stochastic_rounding=True),
+            "rowwise_adagrad": lambda p: rd_optim.RowWiseAdagrad(p, lr=0.05, stochastic_rounding=True),
+            "adam": lambda p: rd_optim.Adam(p, lr=0.01, stochastic_rounding=True),
+        }[kind]([weight])
+
+    pooled, init = table_of(dtype)
+    per_id, _ = table_of(dtype)
+    optimizers = optimizer_of(pooled), optimizer_of(per_id)
+    gen = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 3, 3, 7, 12])  # bag 1 is empty
+    for step in range(12):
+        ids = torch.randint(0, TOUCHED, (16,), generator=gen)
+        ids[4] = ids[3]
+        padding_idx = int(ids[9])
+        mode = step % 3  # sum, mean, weighted sum
+        pooling = 1 if mode == 1 else 0  # embedding_bag's mode number
+        weights = (torch.rand(16, generator=gen) * 3).to(dtype).to("recdev") if mode == 2 else None
+        grad = (torch.randn(len(offsets), DIM, generator=gen) * 3).to(dtype).to("recdev")
+        args = (ids.to("recdev"), offsets.to("recdev"))
+        out = F.embedding_bag(args[0], pooled, args[1], mode="mean" if mode == 1 else "sum",
+                              per_sample_weights=weights, padding_idx=padding_idx)
+        out.backward(grad)
+        with torch.no_grad():
+            _, offset2bag, bag_size, max_indices = torch.ops.aten._embedding_bag(
+                per_id, args[0], args[1], False, pooling, False, weights, False, padding_idx)
+        torch.ops.recdev.table_embedding_bag_backward(
+            per_id, args[0], grad, offset2bag, bag_size, max_indices, weights, pooling, False, padding_idx)
+        for optimizer in optimizers:
+            optimizer.step()
+        assert torch.equal(read(pooled).view(torch.int16), read(per_id).view(torch.int16)), f"step {step}"
+    assert not torch.equal(read(pooled)[:TOUCHED], init[:TOUCHED]), "training moved nothing"
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_a_step_of_sgd_moves_a_half_row_by_the_update(dtype):
     # The issue's case: one step of lr 0.1 on a row of [-0.006, 0.777, 0.635, ...].
