@@ -70,14 +70,21 @@ def test_records_sit_on_huge_pages_when_the_kernel_allows(store_mod):
     assert _huge_bytes() - before >= 8 * REGION
 
 
-def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
+LARGE_ROW_INDEXES = """
+    import importlib, os, re
+    import numpy as np
+    store_mod = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._C"))._store
+    REGION = 2 << 20
+
+    def huge_bytes():
+        with open("/proc/self/smaps_rollup") as f:
+            return int(re.search(r"AnonHugePages:\\s+(\\d+) kB", f.read()).group(1)) * 1024
+
     # 7M rows over 64 sub-shards: each sub-shard's bucket array grows through the pooled sizes
     # (128 KiB - 2 MiB) to 4 MiB, a mapping of its own; 256 MiB of buckets in all, one random line of
     # them read per lookup.
-    mode = _thp_mode()  # with "never", only the huge-page counts are left out (see above)
-    store_mod.release_cached_chunk_regions()
     rows, dim = 7_000_000, 1
-    before_huge = _huge_bytes()
+    before_huge = huge_bytes()
     baseline_slack = store_mod.pooled_chunk_slack_bytes()
     store = store_mod.Store()
     table = store.table(store.create_table(store_mod.TableConfig(num_rows=rows, dim=dim)))
@@ -86,11 +93,9 @@ def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
         chunk = ids[start:start + (1 << 20)]
         table.write(chunk, chunk.astype(np.float32).reshape(-1, 1))
     held = table.stats().bytes
-    records_and_ids = rows * (dim * 4 + 8)
-    bucket_bytes = held - records_and_ids
-    assert bucket_bytes >= 64 * (4 << 20)
-    if mode != "never":
-        assert _huge_bytes() - before_huge >= bucket_bytes // 2
+    bucket_bytes = held - rows * (dim * 4 + 8)
+    assert bucket_bytes >= 64 * (4 << 20), bucket_bytes
+    grown = huge_bytes() - before_huge
     # Whole-region arrays leave no slack; the pooled sizes the arrays grew through were freed.
     assert store_mod.pooled_chunk_slack_bytes() - baseline_slack <= 3 * REGION
     sample = np.random.default_rng(0).choice(ids, 10_000, replace=False)
@@ -99,8 +104,19 @@ def test_large_row_indexes_sit_on_huge_pages_and_give_them_back(store_mod):
     assert table.stats().rows == 0
     assert store_mod.pooled_chunk_slack_bytes() <= baseline_slack + 3 * REGION
     store_mod.release_cached_chunk_regions()  # the emptied regions were kept for reuse until now
-    if mode != "never":
-        assert _huge_bytes() - before_huge < bucket_bytes // 4
+    print("HUGE", bucket_bytes, grown, huge_bytes() - before_huge, flush=True)
+"""
+
+
+def test_large_row_indexes_sit_on_huge_pages_and_give_them_back():
+    # In a process of its own: AnonHugePages counts the whole process, and in the test session other
+    # tests' live tables (and khugepaged collapsing their pages meanwhile) move it by tens of MiB.
+    result = _run(LARGE_ROW_INDEXES, {})
+    assert result.returncode == 0, result.stderr
+    bucket_bytes, grown, left = map(int, re.search(r"HUGE (\d+) (-?\d+) (-?\d+)", result.stdout).groups())
+    if _thp_mode() != "never":  # with "never", only the huge-page counts are left out (see above)
+        assert grown >= bucket_bytes // 2
+        assert left < bucket_bytes // 4
 
 
 def test_empty_regions_are_kept_for_the_next_table_and_given_back_on_request(store_mod):
