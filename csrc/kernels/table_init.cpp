@@ -10,6 +10,7 @@
 
 #include "store/table_handle.h"
 
+#include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -38,6 +39,12 @@ std::optional<store::InitRule> rule_for(
     c10::ScalarType dtype) {
   const std::string& name = op.schema().name();
   const bool is_float = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble;
+  if (name == "aten::fill_" && is_float && args[1].isScalar()) {
+    // CPU's fill_ converts the value to the tensor's type first and raises if it overflows (fill_(1e5)
+    // on float16); the rule's float32 constant would instead become inf in every row, silently.
+    const at::Scalar value = args[1].toScalar();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fill_", [&] { (void)value.to<scalar_t>(); });
+  }
   store::InitRule rule;
   if (name == "aten::zero_" ||
       (name == "aten::fill_" && args[1].isScalar() && args[1].toScalar().toDouble() == 0.0 &&

@@ -10,6 +10,7 @@ rounding of one step. float64 tables follow torch.optim in float64. The gradient
 difference in one step cannot hide in later ones. Rows no batch names stay bit-identical."""
 
 import os
+import re
 import tempfile
 import uuid
 
@@ -259,6 +260,20 @@ def test_integer_tables_look_up_but_refuse_an_optimizer():
     assert torch.equal(table[torch.tensor([3, 7]).to("recdev")].cpu(), values[[3, 7]])
     with pytest.raises(Exception, match="non-floating dtype"):
         rd_optim.SGD([table], lr=0.1)
+
+
+@pytest.mark.parametrize("dtype, value", [(torch.float16, 1e5), (torch.bfloat16, 1e39), (torch.float32, 1e39)], ids=str)
+def test_fill_that_overflows_the_dtype_raises_as_cpu_and_keeps_the_rows(dtype, value):
+    """fill_ on a whole table becomes its init rule; a value the dtype cannot hold must raise CPU's
+    overflow error, not store inf in every row."""
+    with torch_recdev.placement("table"):
+        table = torch.empty(1000, 4, dtype=dtype, device="recdev")
+    table.fill_(0.5)
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch.empty(4, dtype=dtype).fill_(value)
+    with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value).splitlines()[0])):
+        table.fill_(value)
+    assert torch.equal(table[:3].cpu(), torch.full((3, 4), 0.5, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
