@@ -167,12 +167,14 @@ def reference_state(reference, kind):
     return reference.state(kind)
 
 
+# dim 13: the vector kernels' full blocks and their scalar tails (8 + 5, 4 * 3 + 1).
+@pytest.mark.parametrize("dim", [DIM, 13])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_pytorch_over_50_steps(store_mod, case):
+def test_matches_pytorch_over_50_steps(store_mod, case, dim):
     spec = CASES[case]
     config = spec["config"](store_mod)
     kind = config.kind.name
-    table = new_table(store_mod, config)
+    table = new_table(store_mod, config, dim=dim)
     # The reference starts from the same init values; the table's rows are not materialized yet, so
     # its updates also exercise materialization from the init rule.
     reference = spec["reference"](dense_view(table))
@@ -186,7 +188,7 @@ def test_matches_pytorch_over_50_steps(store_mod, case):
                 reference.lr = spec["new_lr"]
             else:
                 reference.set_lr(spec["new_lr"])
-        ids, grads = batch(rng)
+        ids, grads = batch(rng, dim=dim)
         table.update(ids.astype(np.uint64), grads)
         reference.step(ids, grads)
         touched.update(ids.tolist())
@@ -198,7 +200,7 @@ def test_matches_pytorch_over_50_steps(store_mod, case):
     # Untouched rows kept their init value (lazy), in both.
     torch.testing.assert_close(dense_view(table), reference.weights, rtol=1e-6, atol=1e-7)
     state = table.gather_state(all_ids(table))
-    assert state.shape == (NUM_ROWS, store_mod.optimizer_state_floats(config.kind, DIM))
+    assert state.shape == (NUM_ROWS, store_mod.optimizer_state_floats(config.kind, dim))
     torch.testing.assert_close(state, reference_state(reference, kind), rtol=1e-6, atol=1e-7)
 
 
