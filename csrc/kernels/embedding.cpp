@@ -10,6 +10,7 @@
 #include "fallback.h"
 #include "table_rows.h"
 
+#include "store/element_type.h"
 #include "store/table_handle.h"
 
 #include <ATen/Parallel.h>
@@ -22,6 +23,9 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace recdev::kernels {
@@ -176,6 +180,26 @@ void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::S
                    device::adopt_result(bag_size.contiguous()), device::adopt_result(max_indices.contiguous()));
 }
 
+// A half table's pooled bags, summed in float32, rounded once into `out` (num_bags rows of dim
+// elements of `type`). With bag sizes (mean), each rounded sum is then divided by its bag's size
+// (at least 1) in the half type, as CPU's apply_bag_size does after its float32-accumulated sum:
+// size and sum rounded to the type, divided in float32, rounded again.
+void round_pooled_bags(store::ElementType type, float* sums, int64_t num_bags, int64_t dim, const int64_t* bag_sizes,
+                       std::byte* out) {
+  const size_t count = static_cast<size_t>(num_bags * dim);
+  if (bag_sizes == nullptr) {
+    store::narrow_from_float(type, sums, out, count);
+    return;
+  }
+  store::round_through(type, sums, count);
+  for (int64_t b = 0; b < num_bags; ++b) {
+    float divisor = static_cast<float>(std::max<int64_t>(bag_sizes[b], 1));
+    store::round_through(type, &divisor, 1);
+    for (float* value = sums + b * dim; value != sums + (b + 1) * dim; ++value) *value /= divisor;
+  }
+  store::narrow_from_float(type, sums, out, count);
+}
+
 void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // _embedding_bag[_forward_only](Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False,
   //   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
@@ -230,14 +254,18 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_CHECK(weights.numel() == static_cast<int64_t>(rows.size()), "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ", weights.numel(), " and ", rows.size());
   }
   const int64_t dim = weight.size(1);
-  at::Tensor out = empty_host({num_bags, dim}, at::kFloat);
+  // Half tables: each task pools its bags in float32 into a buffer of its own and rounds them into
+  // the output while they are in cache, instead of a float32 output the size of the batch and a
+  // second pass over it.
+  at::Tensor out = empty_host({num_bags, dim}, half ? weight.scalar_type() : at::kFloat);
   // The auxiliary outputs CPU's kernel gives, for the backward pass: each id's bag, and each bag's
   // count of ids that are not padding.
   at::Tensor offset2bag = empty_host({static_cast<int64_t>(rows.size())}, at::kLong);
   at::Tensor bag_size = empty_host({num_bags}, at::kLong);
   at::Tensor max_positions = mode == 2 ? at::empty({num_bags, dim}, at::kLong) : at::Tensor();
   store::TableHandle& table = device::table_block(weight.storage())->table();
-  float* out_data = static_cast<float*>(device::cpu_view(out).data_ptr());
+  void* out_data = device::cpu_view(out).data_ptr();
+  const store::ElementType out_type = device::element_type_of(weight.scalar_type());
   int64_t* bag_of = device::cpu_view(offset2bag).data_ptr<int64_t>();
   int64_t* size_of = device::cpu_view(bag_size).data_ptr<int64_t>();
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
@@ -258,10 +286,13 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
+    // Not zeroed: pooling writes every element.
+    std::unique_ptr<float[]> pooled(half ? new float[(end - begin) * dim] : nullptr);
+    float* pooled_data = half ? pooled.get() : static_cast<float*>(out_data) + begin * dim;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
         static_cast<store::PoolingMode>(half && mode == 1 ? 0 : mode), weight_data ? weight_data + base : nullptr,
-        /*include_last_offset=*/true, padding_row, out_data + begin * dim, positions ? positions + begin * dim : nullptr);
+        /*include_last_offset=*/true, padding_row, pooled_data, positions ? positions + begin * dim : nullptr);
     if (positions != nullptr) {
       for (int64_t* p = positions + begin * dim; p != positions + end * dim; ++p) {
         *p = *p < 0 ? *p : *p + base;
@@ -275,6 +306,10 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       size_of[b] = count;
     }
+    if (half) {
+      round_pooled_bags(out_type, pooled_data, end - begin, dim, mode == 1 ? size_of + begin : nullptr,
+                        static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
+    }
   });
 
   // Shaped as the meta kernel says (torch.compile checks it): unused outside max mode, where it is
@@ -286,17 +321,6 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const at::Tensor ids = on_cpu(indices).to(at::kLong);
     const at::Tensor positions = max_positions.clamp_min(0);
     max_indices = at::where(max_positions.ge(0), ids.index_select(0, positions.flatten()).view_as(positions), at::zeros_like(positions));
-  }
-  if (half) {
-    // Rounded once; mean then divides the rounded sum by the bag size in the half type, as CPU's
-    // apply_bag_size does after its float32-accumulated sum.
-    at::Tensor rounded = empty_host({num_bags, dim}, weight.scalar_type());
-    at::Tensor pooled = device::cpu_view(rounded);
-    pooled.copy_(device::cpu_view(out));
-    if (mode == 1) {
-      pooled.div_(device::cpu_view(bag_size).clamp_min(1).to(pooled.scalar_type()).unsqueeze(1));
-    }
-    out = rounded;
   }
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, out, offset2bag, bag_size, device::adopt_result(max_indices));
