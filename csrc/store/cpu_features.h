@@ -19,6 +19,12 @@ inline bool cpu_has_avx2() {
   return has;
 }
 
+// Float16 <-> float32 conversion 8 at a time (every AVX2 CPU made has it, but it is its own flag).
+inline bool cpu_has_avx2_f16c() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
 inline bool cpu_has_avx512f() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;

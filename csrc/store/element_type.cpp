@@ -135,7 +135,7 @@ void widen_to_float(ElementType type, const void* src, float* out, size_t count)
     case ElementType::Float16: {
       size_t i = 0;
 #ifdef RECDEV_STORE_AVX2_KERNELS
-      if (cpu_has_avx2()) i = widen_halves_f16c(halves, out, count);
+      if (cpu_has_avx2_f16c()) i = widen_halves_f16c(halves, out, count);
 #endif
       for (; i < count; ++i) out[i] = half_to_float(halves[i]);
       return;
@@ -158,7 +158,7 @@ void narrow_from_float(ElementType type, const float* src, void* out, size_t cou
     case ElementType::Float16: {
       size_t i = 0;
 #ifdef RECDEV_STORE_AVX2_KERNELS
-      if (cpu_has_avx2()) i = narrow_halves_f16c(src, halves, count);
+      if (cpu_has_avx2_f16c()) i = narrow_halves_f16c(src, halves, count);
 #endif
       for (; i < count; ++i) halves[i] = float_to_half(src[i]);
       return;
