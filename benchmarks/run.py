@@ -46,9 +46,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, ~seconds)")
     parser.add_argument("--name", default="latest", help="results file stem")
     parser.add_argument("--out-dir", default=harness.RESULTS_DIR, help="where the .md and .png go")
+    names = [suite.__module__.removeprefix("bench_") for _, suite in SUITES]
+    parser.add_argument("--suites", nargs="+", choices=names, metavar="SUITE",
+                        help=f"run only these ({', '.join(names)}); with --name, so that latest stays whole")
     args = parser.parse_args(argv)
     torch.set_num_threads(torch.get_num_threads())
-    sections = {title: suite(quick=args.quick) for title, suite in SUITES}
+    chosen = [(title, suite) for title, suite in SUITES
+              if args.suites is None or suite.__module__.removeprefix("bench_") in args.suites]
+    sections = {title: suite(quick=args.quick) for title, suite in chosen}
     preamble = (
         f"# torch_recdev benchmarks{' (quick)' if args.quick else ''}\n\n"
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
