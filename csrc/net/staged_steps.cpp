@@ -15,6 +15,11 @@ namespace {
 // names must not make that allocation large.
 constexpr uint32_t kMaxWorld = 1u << 16;
 
+// What a step's entry holds besides its parts (its per-rank bookkeeping, the map's node), counted in
+// the staged bytes from its first part until it is forgotten: steps whose parts are gone (applied
+// but not committed by every rank, or empty) must not pile up uncounted.
+uint64_t bookkeeping_bytes(uint32_t world) { return 256 + uint64_t{world} * 64; }
+
 std::string seconds_text(double seconds) {
   std::string text = std::to_string(seconds);
   text.erase(text.find_last_not_of('0') + 1);
@@ -34,6 +39,12 @@ void StagedSteps::drop_parts(Step& step) {
   step.bytes = 0;
   step.ids = {};
   step.grads = {};
+}
+
+StagedSteps::Steps::iterator StagedSteps::forget(Steps::iterator entry) {
+  drop_parts(*entry->second);
+  bytes_ -= bookkeeping_bytes(entry->second->world);
+  return steps_.erase(entry);
 }
 
 uint64_t StagedSteps::bytes() const {
@@ -57,14 +68,17 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
   const Key key{tag.fleet, table_id, tag.step};
   std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_) throw StoreError(ErrorCode::Unavailable, what + ": the server is shutting down");
-  if (bytes_ + part_bytes > max_bytes_) {
-    throw StoreError(ErrorCode::Full, what + ": staging " + std::to_string(part_bytes) + " bytes of rank " +
+  const auto existing = steps_.find(key);
+  const uint64_t new_bytes = part_bytes + (existing == steps_.end() ? bookkeeping_bytes(tag.world) : 0);
+  if (bytes_ + new_bytes > max_bytes_) {
+    throw StoreError(ErrorCode::Full, what + ": staging " + std::to_string(new_bytes) + " bytes for rank " +
                                           std::to_string(tag.rank) + "'s gradients would hold more than the " +
                                           std::to_string(max_bytes_) + " bytes of --max-staged-bytes (" +
                                           std::to_string(bytes_) + " staged)");
   }
   std::shared_ptr<Step>& slot = steps_[key];
   if (!slot) {
+    bytes_ += bookkeeping_bytes(tag.world);
     slot = std::make_shared<Step>();
     slot->world = tag.world;
     slot->staged.assign(tag.world, false);
@@ -114,9 +128,8 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
                                                     " (dead or hung); nothing of this step was applied");
   step->failure = std::make_exception_ptr(error);
   step->state = State::Failed;
-  drop_parts(*step);
   const auto found = steps_.find(key);
-  if (found != steps_.end() && found->second == step) steps_.erase(found);
+  if (found != steps_.end() && found->second == step) forget(found);
   changed_.notify_all();
   throw error;
 }
@@ -177,7 +190,7 @@ void StagedSteps::commit(uint64_t table_id, const StepTag& tag, const Apply& app
   for (const bool committed : step->committed) all = all && committed;
   if (all) {
     const auto again = steps_.find(key);
-    if (again != steps_.end() && again->second == step) steps_.erase(again);
+    if (again != steps_.end() && again->second == step) forget(again);
   }
 }
 
@@ -191,8 +204,7 @@ void StagedSteps::stop() {
     if (step.state == State::Collecting) {
       step.state = State::Failed;
       step.failure = failure;
-      drop_parts(step);
-      it = steps_.erase(it);
+      it = forget(it);
     } else {
       ++it;
     }
@@ -208,8 +220,7 @@ void StagedSteps::reap() {
     // A collecting step has a waiting part, whose own timeout ends it; an applying one is in use.
     const bool settled = step.state == State::Ready || step.state == State::Applied || step.state == State::Failed;
     if (settled && step.deadline <= now) {
-      drop_parts(step);
-      it = steps_.erase(it);
+      it = forget(it);
     } else {
       ++it;
     }

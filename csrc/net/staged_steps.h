@@ -7,10 +7,11 @@
 // shard only after every shard had every part (a rank commits only once all its parts were staged
 // everywhere), and a rank's commit returns only once the shard applied it.
 //
-// Everything here is bounded, whatever clients send: staged bytes by max_bytes (a part past it is
-// refused with Full), a step's life by its timeout (at most max_seconds): a part whose fleet never
-// completes is dropped when its wait ends, and a ready or applied step nobody commits (every rank
-// died) is dropped by reap(). At shutdown stop() ends the waits at once.
+// Everything here is bounded, whatever clients send: staged bytes, the steps' own bookkeeping
+// included, by max_bytes (a part past it is refused with Full); a step's life by its timeout (at
+// most max_seconds): a part whose fleet never completes is dropped when its wait ends, and a ready or
+// applied step not every rank commits (ranks died) is dropped by reap(). At shutdown stop() ends the
+// waits at once.
 #pragma once
 
 #include <chrono>
@@ -70,16 +71,19 @@ class StagedSteps {
     std::exception_ptr failure;  // Failed: why, for every rank still waiting or committing
   };
   using Key = std::tuple<uint64_t, uint64_t, uint64_t>;  // fleet, table, step
+  using Steps = std::map<Key, std::shared_ptr<Step>>;
 
   // Frees a step's parts (under mutex_).
   void drop_parts(Step& step);
+  // Removes a step's entry and uncounts all it held (under mutex_); returns the next entry.
+  Steps::iterator forget(Steps::iterator entry);
   std::string describe(uint64_t table_id, const StepTag& tag) const;
 
   const uint64_t max_bytes_;
   const double max_seconds_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
-  std::map<Key, std::shared_ptr<Step>> steps_;
+  Steps steps_;
   uint64_t bytes_ = 0;
   bool stopping_ = false;
 };

@@ -91,7 +91,7 @@ def test_every_ranks_part_is_applied_once_in_rank_order(server):
 def test_a_missing_part_fails_the_step_naming_the_rank_and_nothing_is_applied(capped):
     with capped.connect() as rank0, capped.connect() as rank1:
         table = fresh_table(rank0, "staged.missing")
-        ids = np.arange(80, dtype=np.uint64)  # two parts of 1,920 bytes: together under the cap
+        ids = np.arange(70, dtype=np.uint64)  # two parts of 1,680 bytes and the step's 448: under the cap
         other = in_thread(lambda: rank1.stage_update(table, (8, 1, 1, 3), ids, grads_for(ids, 1.0), 500))
         with pytest.raises(ServerError) as info:
             rank0.stage_update(table, (8, 1, 0, 3), ids, grads_for(ids, 1.0), 500)
@@ -104,7 +104,7 @@ def test_a_missing_part_fails_the_step_naming_the_rank_and_nothing_is_applied(ca
             rank0.commit_update(table, (8, 1, 0, 3))
         assert commit.value.name == "NotFound" and "is not staged here" in commit.value.message
         assert not rank0.exists(table, ids).any()
-        # Its parts were freed: the cap admits 2,400 bytes more, which it would not beside them.
+        # Its parts were freed: the cap admits 2,720 bytes more, which it would not beside them.
         big = np.arange(100, dtype=np.uint64)
         rank0.stage_update(table, (8, 2, 0, 1), big, grads_for(big, 1.0), 20_000)
         rank0.commit_update(table, (8, 2, 0, 1))
@@ -135,6 +135,21 @@ def test_staged_gradients_are_capped_and_a_step_nobody_commits_is_dropped(capped
             conn.commit_update(table, (9, 2, 0, 1))
         assert dropped.value.name == "NotFound"
         assert conn.exists(table, ids).tolist() == [0] * 100
+
+
+def test_steps_without_parts_cannot_pile_up(capped):
+    """Empty parts of steps nobody commits still count (the step's bookkeeping): the cap stops them."""
+    with capped.connect() as conn:
+        table = fresh_table(conn, "staged.pile")
+        for step in range(1, 100):
+            try:
+                conn.stage_update(table, (12, step, 0, 1), [], np.zeros(0), 3_600_000)
+            except ServerError as error:
+                assert error.name == "Full" and "--max-staged-bytes" in error.message, error
+                break
+        else:
+            pytest.fail("99 uncommitted steps were all held")
+        assert step > 1
 
 
 def test_parts_that_contradict_their_step_are_refused(capped):
