@@ -101,7 +101,7 @@ def run(quick: bool = False) -> list:
     steps_grid = Grid(f"one table's training step, {ids:,} ids per rank, dim 64, RowWiseAdagrad, 2 ranks: medians of "
                       "alternating asynchronous and synchronous rounds, and where a synchronous step's time goes (ms)",
                       ["store", "async step", "sync step", "sync/async per round", "median ratio",
-                       "sync step: lookup, backward, wait, exchange, apply, barrier and rest"], step_rows)
+                       "sync step: lookup, backward, wait, stage, exchange, apply, rest"], step_rows)
     return [grid, steps_grid, *facts]
 
 

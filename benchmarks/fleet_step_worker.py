@@ -44,8 +44,9 @@ def train(sync_mode: bool, ids_per_rank: int, steps: int) -> list[float]:
 
 
 def phases(ids_per_rank: int, steps: int) -> dict:
-    """Seconds per synchronous step in each part: the lookup, backward (which records the rows), the
-    wait for every rank, the exchange of rows, their apply, and the closing barrier."""
+    """Seconds per synchronous step in each part: the lookup, backward (which records the rows); on
+    shards the staging of every rank's rows (which waits for the slowest rank) and the commit that
+    applies them; on replicas the check that every rank arrived, the exchange of rows and their apply."""
     profile = cProfile.Profile()
     profile.enable()
     train(True, ids_per_rank, steps)
@@ -58,13 +59,12 @@ def phases(ids_per_rank: int, steps: int) -> dict:
         return sum(v[3] for (path, _, fn), v in stats.items()
                    if (fn == name or fn.startswith("<built-in") and name in fn) and path.endswith(module)) / calls
 
-    wait = seconds("sync.py", "_wait_for_every_rank")
-    exchange = seconds("sync.py", "_exchange_by_shard") + seconds("sync.py", "_gather")
-    apply = seconds("~", "_apply_updates")
-    # The barriers of train() itself are outside the steps: count only the step's own.
-    rest = seconds("sync.py", "step") - wait - exchange - apply
-    return {"lookup": seconds("functional.py", "embedding"), "backward": seconds("_tensor.py", "backward"),
-            "wait": wait, "exchange": exchange, "apply": apply, "barrier and rest": rest}
+    parts = {"wait": seconds("sync.py", "_wait_for_every_rank"), "stage": seconds("~", "_stage_step"),
+             "exchange": seconds("sync.py", "_gather"),
+             "apply": seconds("~", "_apply_updates") + seconds("~", "_commit_step")}
+    rest = seconds("sync.py", "step") - sum(parts.values())
+    return {"lookup": seconds("functional.py", "embedding"), "backward": seconds("_tensor.py", "backward"), **parts,
+            "rest": rest}
 
 
 if __name__ == "__main__":

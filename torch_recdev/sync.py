@@ -1,27 +1,23 @@
 """Synchronous fleets: ``torch_recdev.optim.<X>(params, ..., sync=True)``.
 
 Each table of a synchronous optimizer is seen through a deferring view (``store::DeferredTable``):
-backward records its per-id gradient rows instead of applying them. A step then
+backward records its per-id gradient rows instead of applying them. A step then brings every row's
+gradients of every rank together, in rank order, and applies them in one update per row:
 
-1. checks that every rank of the default process group reached this step, through the group's own
-   store, within the timeout; a rank that did not (dead or hung) is named in the error, and no row
-   of the step has been applied anywhere;
-2. brings every row's gradients of every rank together, in rank order, and applies them in one
-   update per row:
-
-   - on the embedded store every rank needs all of them for its own replica: they are gathered
-     (``all_gather``) and every rank applies them all, so the replicas stay identical;
-   - on remote shards the apply is split by shard: shard ``s`` of the optimizer's ``i``-th table is
-     applied by rank ``(s + i) mod N``. Each rank sends every other rank only the rows of that
-     rank's shards (gloo ``send``/``recv``; gloo has no ``all_to_all``) and applies what it holds in
-     one UPDATE per shard of its own, empty ones included. Every shard thus gets one UPDATE per step,
-     from one rank: its rows move once and its optimizer step counter (Adam's bias correction)
-     advances once, like every other shard's. The ranks apply in parallel and each gradient crosses
-     the network at most twice (to the rank that applies it, then to its shard), where a single
-     applying rank would receive and send every rank's gradients;
-3. on shards, applies only once every rank holds its rows (a second check through the group's store:
-   a rank lost in the exchange leaves no shard updated), then waits at a barrier, so that no rank's
-   next lookup runs before every shard's update.
+- on remote shards the shards do it (docs/protocol.md, "Synchronous steps"): each rank stages its
+  rows of each table on every shard as its part of the step (STAGE_UPDATE, empty parts included),
+  and each shard answers once every rank's part is in; then each rank commits (COMMIT_UPDATE), the
+  first commit applies the parts, in rank order, as one update, and each answer comes once the shard
+  applied. Every shard thus gets one update per step: its rows move once and its optimizer step
+  counter (Adam's bias correction) advances once, like every other shard's. A rank commits only
+  once its parts were staged on every shard, so every shard holds every part before any applies; a
+  rank that never sends its part (dead or hung) is named by the shards when the timeout passes, and
+  no rank commits, so nothing of the step is applied. Each gradient crosses the network once, and
+  no rank's next lookup runs before its commits returned, that is before every shard applied;
+- on the embedded store every rank needs all of them for its own replica: after checking through
+  the default process group's store that every rank reached the step (a rank that did not within
+  the timeout is named, and nothing is applied), they are gathered (``all_gather``) and every rank
+  applies them all, so the replicas stay identical.
 
 The step runs at ``step()``, or, for ``apply_optimizer_in_backward(..., sync=True)``, when a backward
 that reached one of the tables ends (``step_when_backward_ends``), with no ``step()`` to call.
@@ -35,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
 import weakref
 
 import torch
@@ -68,6 +65,15 @@ class SyncTables:
             for p in self.params:
                 p.data = _C._sync_table(p.data)
         self.in_process = [_C._table_in_process(p) for p in self.params]
+        self.fleet = self._fleet_id() if not all(self.in_process) else 0
+
+    def _fleet_id(self) -> int:
+        """Rank 0's random 64-bit id of this optimizer's steps, shared through the group's store: the
+        shards tell this fleet's parts from any other job's."""
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            store.set(f"{self.key}/fleet", str(int.from_bytes(os.urandom(8), "little")))
+        return int(store.get(f"{self.key}/fleet"))
 
     def step_when_backward_ends(self) -> None:
         """From now on the step runs at the end of every backward that records a row gradient of one
@@ -90,31 +96,34 @@ class SyncTables:
     def step(self) -> None:
         rank, world = dist.get_rank(), dist.get_world_size()
         self.step_count += 1
-        self._wait_for_every_rank("reached", "reach it", rank, world)
+        local = [p for p, in_process in zip(self.params, self.in_process) if in_process]
+        if local:
+            self._wait_for_every_rank(rank, world)
         pending = [_C._take_pending_updates(p) for p in self.params]
-        replicas = [(p, *_gather(ids, grads, world))
-                    for p, local, (ids, grads) in zip(self.params, self.in_process, pending) if local]
-        on_shards = [(i, p, ids, grads)
-                     for i, (p, local, (ids, grads)) in enumerate(zip(self.params, self.in_process, pending)) if not local]
-        updates = []
+        for p, in_process, (ids, grads) in zip(self.params, self.in_process, pending):
+            if in_process:
+                ids, grads = _gather(ids, grads, world)
+                if ids.numel():
+                    _C._apply_updates(p, ids, grads)
+        on_shards = [(p, ids, grads) for p, in_process, (ids, grads) in zip(self.params, self.in_process, pending)
+                     if not in_process]
         if on_shards:
-            updates = _exchange_by_shard(on_shards, rank, world, self.timeout, f"synchronous step {self.step_count}")
-            # Every rank holds its rows before any applies: a rank lost in the exchange leaves no shard
-            # updated and the others not.
-            self._wait_for_every_rank("exchanged", "get its rows of it", rank, world)
-        for p, ids, grads in replicas:
-            if ids.numel():
-                _C._apply_updates(p, ids, grads)
-        for p, ids, grads, shards in updates:
-            _C._apply_updates(p, ids, grads, shards)
-        if on_shards:
-            dist.barrier()
+            self._step_on_shards(*map(list, zip(*on_shards)), rank, world)
 
-    def _wait_for_every_rank(self, phase: str, doing: str, rank: int, world: int) -> None:
-        """Waits until every rank has marked `phase` of this step in the group's store; names those that
-        did not (they did not do `doing`)."""
+    def _step_on_shards(self, tables: list, ids: list, grads: list, rank: int, world: int) -> None:
+        tag = (self.fleet, self.step_count, rank, world)
+        try:
+            _C._stage_step(tables, ids, grads, *tag, self.timeout)
+        except Exception as error:  # noqa: BLE001 (the shard's error, re-raised with the step and rank named)
+            raise RuntimeError(f"synchronous step {self.step_count} (rank {rank}): no row gradient of this step "
+                               f"was applied: {error}") from error
+        _C._commit_step(tables, *tag, self.timeout)
+
+    def _wait_for_every_rank(self, rank: int, world: int) -> None:
+        """Waits until every rank has reached this step (marked it in the group's store); names those
+        that did not."""
         store = dist.distributed_c10d._get_default_store()
-        step_key = f"{self.key}/{self.step_count}/{phase}"
+        step_key = f"{self.key}/{self.step_count}"
         store.set(f"{step_key}/{rank}", b"1")
         keys = [f"{step_key}/{r}" for r in range(world)]
         try:
@@ -126,10 +135,10 @@ class SyncTables:
                 dropped(p)
             raise RuntimeError(
                 f"synchronous step {self.step_count} (rank {rank}): rank{'s' * (len(missing) > 1)} "
-                f"{', '.join(map(str, missing))} of {world} did not {doing} within "
+                f"{', '.join(map(str, missing))} of {world} did not reach it within "
                 f"{self.timeout:g} s (dead or hung); no row gradient of this step was applied") from error
         if self.step_count > 2:
-            store.delete_key(f"{self.key}/{self.step_count - 2}/{phase}/{rank}")
+            store.delete_key(f"{self.key}/{self.step_count - 2}/{rank}")
 
 
 def _recorded_hook(tables: weakref.ref):
@@ -156,54 +165,3 @@ def _gather(ids: torch.Tensor, grads: torch.Tensor, world: int) -> tuple[torch.T
     dist.all_gather(all_grads, padded_grads)
     n = [int(c) for c in counts]
     return (torch.cat([a[:k] for a, k in zip(all_ids, n)]), torch.cat([g[:k] for g, k in zip(all_grads, n)]))
-
-
-def _exchange_by_shard(tables: list, rank: int, world: int, timeout: float, step: str) -> list:
-    """Step 2 on remote shards for ``tables``, (index in the optimizer, table, ids, grads) each: the
-    rows of shard s of table i go to rank (s + i) mod N. Returns what this rank applies:
-    (table, ids, grads, its shards) per table that some rank recorded rows of."""
-    outgoing = []  # per table, per rank: the (ids, grads) of this rank's batch that it applies
-    for i, p, ids, grads in tables:
-        applier = (_C._row_shards(p, ids) + i) % world
-        # One stable sort and one gather of the rows (each rank's share keeps its batch order), where a
-        # boolean mask per rank would read every row once per rank.
-        order = torch.argsort(applier, stable=True)
-        sizes = torch.bincount(applier, minlength=world).tolist()
-        outgoing.append(list(zip(ids[order].split(sizes), grads.index_select(0, order).split(sizes))))
-    counts = torch.tensor([[len(ids) for ids, _ in per_rank] for per_rank in outgoing])
-    every = [torch.empty_like(counts) for _ in range(world)]
-    dist.all_gather(every, counts)  # every[q][t, r]: rows of table t that rank q sends rank r
-    sends, receives, incoming = [], [], []
-    for t, ((_, _, _, grads), per_rank) in enumerate(zip(tables, outgoing)):
-        parts = []
-        for q in range(world):
-            if q == rank:
-                parts.append(per_rank[rank])
-                continue
-            ids_out, grads_out = per_rank[q]
-            if ids_out.numel():
-                sends += [dist.isend(ids_out, q, tag=2 * t), dist.isend(grads_out, q, tag=2 * t + 1)]
-            n = int(every[q][t, rank])
-            ids_in, grads_in = torch.empty(n, dtype=torch.long), torch.empty(n, grads.shape[1])
-            if n:
-                receives += [(q, dist.irecv(ids_in, q, tag=2 * t)), (q, dist.irecv(grads_in, q, tag=2 * t + 1))]
-            parts.append((ids_in, grads_in))
-        incoming.append(parts)
-    for q, receive in receives:
-        try:
-            receive.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as error:
-            raise RuntimeError(f"{step} (rank {rank}): rank {q} of {world} did not send its rows within "
-                               f"{timeout:g} s (dead or hung); no row gradient of this step was applied") from error
-    for send in sends:
-        send.wait(datetime.timedelta(seconds=timeout))
-    updates = []
-    for t, (i, p, _, _) in enumerate(tables):
-        # No rank's backward recorded a row: no update anywhere, as in one process.
-        if not any(int(c[t].sum()) for c in every):
-            continue
-        shards = [s for s in range(_C._table_shards(p)) if (s + i) % world == rank]
-        if shards:
-            parts = incoming[t]
-            updates.append((p, torch.cat([ids for ids, _ in parts]), torch.cat([g for _, g in parts]), shards))
-    return updates

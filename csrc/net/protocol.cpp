@@ -45,6 +45,8 @@ constexpr OpcodeName kOpcodeNames[] = {
     {Opcode::LoadRows, "LOAD_ROWS"},
     {Opcode::CommitLoad, "COMMIT_LOAD"},
     {Opcode::AbortLoad, "ABORT_LOAD"},
+    {Opcode::StageUpdate, "STAGE_UPDATE"},
+    {Opcode::CommitUpdate, "COMMIT_UPDATE"},
 };
 
 // An enum received as an integer: anything past `last` is not a value the peer could have meant.
@@ -593,6 +595,47 @@ void encode(Writer& out, const SetStepRequest& m) {
 void decode(Reader& in, SetStepRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
   m.step = in.get<uint64_t>("step");
+}
+
+namespace {
+
+void encode_tag(Writer& out, const StepTag& m) {
+  out.put<uint64_t>(m.fleet);
+  out.put<uint64_t>(m.step);
+  out.put<uint32_t>(m.rank);
+  out.put<uint32_t>(m.world);
+}
+StepTag decode_tag(Reader& in) {
+  StepTag m;
+  m.fleet = in.get<uint64_t>("fleet");
+  m.step = in.get<uint64_t>("step");
+  m.rank = in.get<uint32_t>("rank");
+  m.world = in.get<uint32_t>("world");
+  return m;
+}
+
+}  // namespace
+
+void encode(Writer& out, const StageUpdateRequest& m) {
+  encode_tag(out, m.tag);
+  out.put<uint64_t>(m.rank_rows);
+  out.put<uint32_t>(m.timeout_ms);
+  encode(out, m.rows);
+}
+void decode(Reader& in, StageUpdateRequest& m) {
+  m.tag = decode_tag(in);
+  m.rank_rows = in.get<uint64_t>("rank_rows");
+  m.timeout_ms = in.get<uint32_t>("timeout_ms");
+  decode(in, m.rows);
+}
+
+void encode(Writer& out, const CommitUpdateRequest& m) {
+  out.put<uint64_t>(m.table_id);
+  encode_tag(out, m.tag);
+}
+void decode(Reader& in, CommitUpdateRequest& m) {
+  m.table_id = in.get<uint64_t>("table_id");
+  m.tag = decode_tag(in);
 }
 
 void encode(Writer& out, const DumpRequest& m) {

@@ -33,7 +33,8 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 6: table policies (SET_POLICY, GET_POLICY_STATE, RESTORE_POLICY; the policy and its counters in
 // GET_TABLE_INFO and STATS), and every row request carries the element type the client holds the
 // table as, so that a shard never reads or answers rows as another dtype.
-constexpr uint16_t kProtocolVersion = 6;
+// 7: synchronous steps staged on the shards (STAGE_UPDATE, COMMIT_UPDATE).
+constexpr uint16_t kProtocolVersion = 7;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -78,6 +79,8 @@ enum class Opcode : uint8_t {
   LoadRows = 42,
   CommitLoad = 43,
   AbortLoad = 44,
+  StageUpdate = 50,
+  CommitUpdate = 51,
 };
 
 // "GATHER", ..., or nullptr for a byte that is no opcode.
@@ -321,6 +324,28 @@ struct SetStepRequest {
   uint64_t step = 0;
 };
 
+// A synchronous step of a fleet (docs/protocol.md, "Synchronous steps"): rank `rank` of `world` sends
+// each shard its part of step `step` of fleet `fleet`; the shard applies the parts of a table once,
+// as one update, when every rank's is in and one rank commits.
+struct StepTag {
+  uint64_t fleet = 0;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  uint32_t world = 0;
+};
+
+struct StageUpdateRequest {
+  StepTag tag;
+  uint64_t rank_rows = 0;    // the rows this rank recorded for the table on all shards
+  uint32_t timeout_ms = 0;   // how long the shard waits for the other ranks' parts
+  RowsRequest rows;          // this rank's rows of the table on this shard, in batch order (float32)
+};
+
+struct CommitUpdateRequest {
+  uint64_t table_id = 0;
+  StepTag tag;
+};
+
 struct DumpRequest {
   uint64_t table_id = 0;
   uint64_t snapshot_id = 0;  // 0: take a new snapshot of the table; else continue that one
@@ -406,6 +431,8 @@ RECDEV_NET_MESSAGE(PolicyStateResponse)
 RECDEV_NET_MESSAGE(RestorePolicyRequest)
 RECDEV_NET_MESSAGE(SetLearningRateRequest)
 RECDEV_NET_MESSAGE(SetStepRequest)
+RECDEV_NET_MESSAGE(StageUpdateRequest)
+RECDEV_NET_MESSAGE(CommitUpdateRequest)
 RECDEV_NET_MESSAGE(DumpRequest)
 RECDEV_NET_MESSAGE(DumpResponse)
 RECDEV_NET_MESSAGE(BeginLoadRequest)

@@ -201,11 +201,16 @@ std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeou
 }
 
 void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::function<void(size_t)>& on_answer) {
+  exchange_within(lease, calls, timeout_seconds_, on_answer);
+}
+
+void RemoteSession::exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
+                                    const std::function<void(size_t)>& on_answer) {
   std::vector<ShardConnection*> connections(links_.size(), nullptr);
   for (const Call& call : calls) {
     if (connections[call.shard] == nullptr) connections[call.shard] = &lease.connection(call.shard);
   }
-  exchange_on(connections, calls, timeout_seconds_, on_answer);
+  exchange_on(connections, calls, timeout_seconds, on_answer);
 }
 
 void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,

@@ -78,6 +78,10 @@ class RemoteSession {
   // soon as call k's answer is in, while the other answers are still arriving (an exception it
   // throws counts as call k's error).
   void exchange(Lease& lease, std::vector<Call>& calls, const std::function<void(size_t call)>& on_answer = {});
+  // exchange, with a connection allowed `timeout_seconds` without progress instead of the session's
+  // timeout: for requests a server answers only once other clients have sent theirs (STAGE_UPDATE).
+  void exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
+                       const std::function<void(size_t call)>& on_answer = {});
 
   template <class Response, class Request>
   Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {

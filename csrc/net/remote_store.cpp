@@ -431,65 +431,62 @@ void RemoteTable::install(store::RowSet& rows, const store::InitRule& init, uint
   }
 }
 
+RowsRequest RemoteTable::gradients_for(RemoteSession::Lease& lease, const Routed& routed, size_t shard,
+                                       const float* grads) const {
+  const size_t bytes_per_id = sizeof(uint64_t) + size_t{dim_} * sizeof(float);
+  if (routed.ids[shard].size() * bytes_per_id > kMaxPayloadBytes - kFrameOverhead) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "update of " + label() + " refused: " + std::to_string(routed.ids[shard].size()) + " rows for " +
+                         session_->describe(shard) + " do not fit in one request of " +
+                         std::to_string(kMaxPayloadBytes >> 20) +
+                         " MiB, and one optimizer step must be one request; use smaller batches");
+  }
+  RowsRequest request;
+  request.table_id = table_id(lease, shard);
+  request.dtype = dtype_;
+  request.ids = routed.ids[shard];
+  request.rows.resize(request.ids.size() * dim_);
+  for (size_t k = 0; k < request.ids.size(); ++k) {
+    std::memcpy(request.rows.data() + k * dim_, grads + routed.positions[shard][k] * dim_, size_t{dim_} * sizeof(float));
+  }
+  return request;
+}
+
 void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
-  std::vector<uint32_t> every_shard(session_->num_shards());
-  for (size_t shard = 0; shard < every_shard.size(); ++shard) every_shard[shard] = uint32_t(shard);
-  update_shards(ids, n, grads_in, every_shard);
-}
-
-uint32_t RemoteTable::shard_of(uint64_t row_id) const {
-  return owner_shard(route_key_, row_id, uint32_t(session_->num_shards()));
-}
-
-void RemoteTable::update_shards(const uint64_t* ids, size_t n, const void* grads_in,
-                                const std::vector<uint32_t>& shards) {
   check_ids(ids, n);
   // The store's checks, here, so that no shard applies a batch another would refuse.
   store::check_update_gradients(dtype_, uint32_t(uint64_t{dim_} * 4 / store::element_bytes(dtype_)), ids, n, grads_in,
                                 label());
   const Routed routed = route(ids, n);
-  std::vector<bool> chosen(routed.ids.size(), false);
-  for (const uint32_t shard : shards) {
-    if (shard >= chosen.size() || chosen[shard]) {
-      throw StoreError(ErrorCode::InvalidArgument, "update of " + label() + ": shard " + std::to_string(shard) +
-                                                       " is not one of its " + std::to_string(chosen.size()) +
-                                                       " shards, or is named twice");
-    }
-    chosen[shard] = true;
-  }
-  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
-    if (!chosen[shard] && !routed.ids[shard].empty()) {
-      throw StoreError(ErrorCode::InvalidArgument,
-                       "update of " + label() + ": row " + std::to_string(routed.ids[shard].front()) +
-                           " belongs to " + session_->describe(shard) + ", which this update does not cover");
-    }
-  }
   // Gradients travel as the table's words (its element type), as rows do.
   const auto* grads = static_cast<const float*>(grads_in);
-  const size_t bytes_per_id = sizeof(uint64_t) + size_t{dim_} * sizeof(float);
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  // One request per chosen shard, empty ones included: each UPDATE is one optimizer step.
-  for (const uint32_t shard : shards) {
-    if (routed.ids[shard].size() * bytes_per_id > kMaxPayloadBytes - kFrameOverhead) {
-      throw StoreError(ErrorCode::InvalidArgument,
-                       "update of " + label() + " refused: " + std::to_string(routed.ids[shard].size()) +
-                           " rows for " + session_->describe(shard) + " do not fit in one request of " +
-                           std::to_string(kMaxPayloadBytes >> 20) +
-                           " MiB, and one optimizer step must be one request; use smaller batches");
-    }
-    RowsRequest request;
-    request.table_id = table_id(lease, shard);
-    request.dtype = dtype_;
-    request.ids = routed.ids[shard];
-    request.rows.resize(request.ids.size() * dim_);
-    for (size_t k = 0; k < request.ids.size(); ++k) {
-      std::memcpy(request.rows.data() + k * dim_, grads + routed.positions[shard][k] * dim_,
-                  size_t{dim_} * sizeof(float));
-    }
-    calls.push_back(make_call(shard, Opcode::Update, request));
+  // One request per shard, empty ones included: each UPDATE is one optimizer step.
+  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
+    calls.push_back(make_call(shard, Opcode::Update, gradients_for(lease, routed, shard, grads)));
   }
   session_->exchange(lease, calls);
+}
+
+void RemoteTable::stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads,
+                              const StepTag& tag, uint32_t timeout_ms, std::vector<Call>& calls) {
+  if (dtype_ != store::ElementType::Float32) {
+    throw StoreError(ErrorCode::InvalidArgument, "synchronous step of " + label() + ": float32 tables only");
+  }
+  check_ids(ids, n);
+  store::check_update_gradients(dtype_, dim_, ids, n, grads, label());
+  const Routed routed = route(ids, n);
+  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
+    calls.push_back(make_call(shard, Opcode::StageUpdate,
+                              StageUpdateRequest{tag, n, timeout_ms, gradients_for(lease, routed, shard, grads)}));
+  }
+}
+
+void RemoteTable::commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls) {
+  for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
+    calls.push_back(make_call(shard, Opcode::CommitUpdate, CommitUpdateRequest{table_id(lease, shard), tag}));
+  }
 }
 
 void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,

@@ -6,8 +6,8 @@
 // error code and no server sees it; then it is split by owner, sent to the shards at once, and the
 // answers are put back in batch order. Pooled lookups send each shard its share of every bag and
 // combine the shards' partial pools (pooled_partial.h). An update goes to every shard, empty shares
-// included, so that every shard's optimizer step stays equal (update_shards: each shard of a
-// synchronous step gets its UPDATE from the one rank that applies its rows). Whole-table settings (init rule,
+// included, so that every shard's optimizer step stays equal (a synchronous step stages every rank's
+// rows on the shards instead: stage_calls, commit_calls). Whole-table settings (init rule,
 // optimizer, lr, step) go to every shard; queries about them (config, optimizer, step) ask shard 0.
 //
 // RemoteStoreClient: one RemoteSession over the servers. Anonymous tables get a random routing key
@@ -71,13 +71,13 @@ class RemoteTable final : public store::TableHandle {
   void set_optimizer_step(uint64_t step) override;
   void update(const uint64_t* ids, size_t n, const void* grads) override;
   size_t num_shards() const { return session_->num_shards(); }
-  // The shard that owns a row.
-  uint32_t shard_of(uint64_t row_id) const;
-  // update, sent to the listed shards only (one UPDATE each, empty ones included, so one optimizer
-  // step on each of them): a synchronous fleet's ranks split a step's apply by shard
-  // (torch_recdev/sync.py), and each shard's step counter still advances once. Every id must belong
-  // to a listed shard.
-  void update_shards(const uint64_t* ids, size_t n, const void* grads, const std::vector<uint32_t>& shards);
+  const std::shared_ptr<RemoteSession>& session() const { return session_; }
+  // A synchronous step's requests on this table (docs/protocol.md, "Synchronous steps"; sync_step.h
+  // sends them): one STAGE_UPDATE per shard with this rank's rows of it in batch order, empty ones
+  // included (every shard waits for every rank's part), and one COMMIT_UPDATE per shard.
+  void stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads, const StepTag& tag,
+                   uint32_t timeout_ms, std::vector<Call>& calls);
+  void commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls);
   // Expands the bags' gradients to one row per id (store::PooledGradients) and sends them as update
   // does: one optimizer step.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
@@ -109,6 +109,9 @@ class RemoteTable final : public store::TableHandle {
   // epoch moved), a named table is looked up there again and an anonymous one is reported lost.
   uint64_t table_id(RemoteSession::Lease& lease, size_t shard) const;
   std::vector<uint64_t> shard_table_ids(RemoteSession::Lease& lease) const;  // table_id of every shard
+  // The UPDATE (or a STAGE_UPDATE's rows) for one shard of a routed batch; refuses rows that do not
+  // fit in one frame, since one optimizer step must be one request.
+  RowsRequest gradients_for(RemoteSession::Lease& lease, const Routed& routed, size_t shard, const float* grads) const;
   // Ids per request so that a request or answer of `bytes_per_id` bytes per id stays within a frame.
   static size_t ids_per_request(size_t bytes_per_id);
   // Sends `opcode` to every shard with the ids it owns (in chunks within a frame; no request for a

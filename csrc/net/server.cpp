@@ -489,6 +489,7 @@ void run_server(const ServerOptions& options) {
   }
   for (Waiting& entry : waiting) close_waiting(entry);
   listener.close();
+  service.stop_staged_steps();  // a part waiting for a dead rank would hold its thread up to its timeout
   connections.wait_for_none();
   housekeeper.join();
   if (!options.checkpoint_dir.empty() && !write_checkpoint(options, service)) {

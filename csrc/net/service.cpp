@@ -25,7 +25,10 @@ bool same_token(const std::string& expected, const std::string& given) {
 
 }  // namespace
 
-ShardService::ShardService(const ServiceOptions& options) : options_(options), sessions_(options.lease_seconds) {}
+ShardService::ShardService(const ServiceOptions& options)
+    : options_(options),
+      sessions_(options.lease_seconds),
+      staged_steps_(options.max_staged_bytes, options.max_stage_seconds) {}
 
 // ---- Responses and errors ----
 
@@ -165,6 +168,8 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
     case Opcode::SetPolicy: return set_policy(session, frame);
     case Opcode::GetPolicyState: return policy_state(session, frame);
     case Opcode::RestorePolicy: return restore_policy(session, frame);
+    case Opcode::StageUpdate: return stage_update(session, frame);
+    case Opcode::CommitUpdate: return commit_update(session, frame);
     case Opcode::Dump: return dump(session, frame);
     case Opcode::BeginLoad: return begin_load(session, frame);
     case Opcode::LoadRows: return load_rows(session, frame);
@@ -264,7 +269,7 @@ void ShardService::adopt_named_tables() {
 }
 
 uint64_t ShardService::memory_used() const {
-  uint64_t used = staged_bytes_.load() + buffer_bytes_.load();
+  uint64_t used = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes();
   for (const store::TableInfo& info : store_.list()) {
     try {
       used += store_.table(info.id)->stats().bytes;
@@ -325,13 +330,14 @@ void ShardService::free_session_objects(Session& session) {
 
 void ShardService::reap_lapsed_sessions() {
   for (const std::shared_ptr<Session>& session : sessions_.take_lapsed()) free_session_objects(*session);
+  staged_steps_.reap();
 }
 
 ServerStats ShardService::stats() {
   ServerStats stats;
   stats.shard = options_.shard;
   stats.num_shards = options_.num_shards;
-  stats.bytes = staged_bytes_.load() + buffer_bytes_.load();
+  stats.bytes = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes();
   for (const store::TableInfo& info : store_.list()) {
     try {
       const std::shared_ptr<store::Table> held = store_.table(info.id);

@@ -17,6 +17,7 @@
 #include "frame_io.h"
 #include "protocol.h"
 #include "sessions.h"
+#include "staged_steps.h"
 #include "store/store.h"
 
 namespace recdev::net {
@@ -27,6 +28,10 @@ struct ServiceOptions {
   std::string token;          // empty: no token required
   uint64_t max_memory = 0;    // bytes; 0 = no limit
   double lease_seconds = 60;
+  // Synchronous steps (STAGE_UPDATE): the gradient bytes all fleets may have staged at once, and the
+  // longest a part waits for the others, whatever timeout its client asked for.
+  uint64_t max_staged_bytes = uint64_t{1} << 30;
+  double max_stage_seconds = 3600;
 };
 
 struct Response {
@@ -62,8 +67,11 @@ class ShardService {
   uint64_t response_buffer_bytes() const;
   void release_response_buffer();
 
-  // Frees what lapsed sessions owned. Called periodically by the server.
+  // Frees what lapsed sessions owned, and the synchronous steps nobody committed before their
+  // deadline. Called periodically by the server.
   void reap_lapsed_sessions();
+  // At shutdown: ends the waits of synchronous steps' parts (StagedSteps::stop).
+  void stop_staged_steps() { staged_steps_.stop(); }
   // Registers the named tables already in the store (after a checkpoint was loaded at start).
   void adopt_named_tables();
   ServerStats stats();
@@ -118,6 +126,9 @@ class ShardService {
   std::vector<uint8_t> set_policy(const Session& session, const Frame& frame);
   std::vector<uint8_t> policy_state(const Session& session, const Frame& frame);
   std::vector<uint8_t> restore_policy(const Session& session, const Frame& frame);
+  // A synchronous step's part (waits for every rank's; staged_steps.h) and its commit.
+  std::vector<uint8_t> stage_update(const Session& session, const Frame& frame);
+  std::vector<uint8_t> commit_update(const Session& session, const Frame& frame);
   std::vector<uint8_t> dump(Session& session, const Frame& frame);
   std::vector<uint8_t> begin_load(Session& session, const Frame& frame);
   std::vector<uint8_t> load_rows(Session& session, const Frame& frame);
@@ -130,6 +141,7 @@ class ShardService {
   std::map<uint64_t, TableEntry> directory_;
   // Memory held by staged loads and dump snapshots, outside the store's tables.
   std::atomic<uint64_t> staged_bytes_{0};
+  StagedSteps staged_steps_;
   std::atomic<uint64_t> buffer_bytes_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> errors_{0};

@@ -5,6 +5,7 @@
 #include "device/table_storage.h"
 
 #include "net/remote_store.h"
+#include "net/sync_step.h"
 #include "python/table_policy_binding.h"
 #include "store/deferred_table.h"
 #include "store/table_handle.h"
@@ -322,40 +323,49 @@ std::pair<at::Tensor, at::Tensor> take_pending_updates(const at::Tensor& t) {
   return {ids, grads};
 }
 
-// How many shards hold the table's rows: 1 for a table in this process.
-size_t table_shards(const at::Tensor& t) {
-  const auto* remote = dynamic_cast<const net::RemoteTable*>(deferred_of(t, "sync").wrapped().get());
-  return remote == nullptr ? 1 : remote->num_shards();
-}
-
-// The shard that owns each id: all 0 on a table in this process (one shard).
-at::Tensor row_shards(const at::Tensor& t, const at::Tensor& keys) {
-  store::DeferredTable& table = deferred_of(t, "sync");
-  const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
-  at::Tensor shards = at::zeros({static_cast<int64_t>(ids.size())}, at::kLong);
-  if (const auto* remote = dynamic_cast<const net::RemoteTable*>(table.wrapped().get())) {
-    int64_t* out = shards.data_ptr<int64_t>();
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = remote->shard_of(ids[i]);
-  }
-  return shards;
-}
-
-// One optimizer step of the rows: on every shard, or (shards given, a remote table) on those only.
-void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads,
-                   const std::optional<std::vector<uint32_t>>& shards) {
+// One optimizer step of the rows on a table in this process (a replica of a synchronous fleet on
+// the embedded store).
+void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& grads) {
   store::DeferredTable& table = deferred_of(t, "sync");
   const std::vector<uint64_t> ids = keys_of(keys, table, "sync");
   const at::Tensor rows = rows_of(grads, ids.size(), table, "sync");
-  auto* remote = dynamic_cast<net::RemoteTable*>(table.wrapped().get());
-  if (shards && remote == nullptr) {
-    throw py::value_error("sync: the table lives in this process, which is one shard: apply its rows without shards");
+  py::gil_scoped_release no_gil;
+  table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
+}
+
+net::RemoteTable& remote_of(const at::Tensor& t) {
+  auto* remote = dynamic_cast<net::RemoteTable*>(deferred_of(t, "sync").wrapped().get());
+  if (remote == nullptr) throw py::value_error("sync: the table lives in this process, not on shards");
+  return *remote;
+}
+
+// A synchronous step on shards (net/sync_step.h), in two calls so that a profile tells them apart:
+// stage_step returns once every rank's rows of every table are staged on every shard...
+void stage_step(const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
+                const std::vector<at::Tensor>& grads, const net::StepTag& tag, double timeout_seconds) {
+  if (keys.size() != tables.size() || grads.size() != tables.size()) {
+    throw py::value_error("sync: one ids and one grads tensor per table");
+  }
+  // The ids and rows are kept here, and the step points into them.
+  std::vector<std::vector<uint64_t>> ids(tables.size());
+  std::vector<at::Tensor> rows(tables.size());
+  std::vector<net::StepRows> step;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    net::RemoteTable& table = remote_of(tables[t]);
+    ids[t] = keys_of(keys[t], table, "sync");
+    rows[t] = rows_of(grads[t], ids[t].size(), table, "sync");
+    step.push_back(net::StepRows{&table, ids[t].data(), ids[t].size(), rows[t].const_data_ptr<float>()});
   }
   py::gil_scoped_release no_gil;
-  if (shards) {
-    remote->update_shards(ids.data(), ids.size(), rows.const_data_ptr<float>(), *shards);
-  } else {
-    table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
-  }
+  net::stage_step(step, tag, timeout_seconds);
+}
+
+// ... then, once staged, committed: applied on every shard before this returns.
+void commit_step(const std::vector<at::Tensor>& tables, const net::StepTag& tag, double timeout_seconds) {
+  std::vector<net::RemoteTable*> handles;
+  for (const at::Tensor& t : tables) handles.push_back(&remote_of(t));
+  py::gil_scoped_release no_gil;
+  net::commit_step(handles, tag, timeout_seconds);
 }
 
 // Python's callable, run after each recording (DeferredTable::set_on_record). The hook holds it
@@ -416,10 +426,16 @@ void bind_table_api(py::module_& m) {
   m.def("_table_declaration", &table_declaration);
   m.def("_sync_table", &sync_table);
   m.def("_take_pending_updates", &take_pending_updates);
-  m.def("_apply_updates", &apply_updates, py::arg("table"), py::arg("ids"), py::arg("grads"),
-        py::arg("shards") = std::nullopt);
-  m.def("_row_shards", &row_shards);
-  m.def("_table_shards", &table_shards);
+  m.def("_apply_updates", &apply_updates);
+  m.def("_stage_step", [](const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& ids,
+                          const std::vector<at::Tensor>& grads, uint64_t fleet, uint64_t step, uint32_t rank,
+                          uint32_t world, double timeout) {
+    stage_step(tables, ids, grads, net::StepTag{fleet, step, rank, world}, timeout);
+  });
+  m.def("_commit_step", [](const std::vector<at::Tensor>& tables, uint64_t fleet, uint64_t step, uint32_t rank,
+                           uint32_t world, double timeout) {
+    commit_step(tables, net::StepTag{fleet, step, rank, world}, timeout);
+  });
   m.def("_set_record_hook", &set_record_hook);
   m.def("_table_in_process", [](const at::Tensor& t) { return table_of(t, "in_process").in_process(); });
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {

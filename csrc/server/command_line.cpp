@@ -66,6 +66,8 @@ const std::map<std::string, Setter>& flags() {
       {"--max-memory", [](CommandLine& c, const std::string& v) { c.server.service.max_memory = parse_bytes(v); }},
       {"--lease-seconds",
        [](CommandLine& c, const std::string& v) { c.server.service.lease_seconds = parse_seconds("--lease-seconds", v); }},
+      {"--max-staged-bytes",
+       [](CommandLine& c, const std::string& v) { c.server.service.max_staged_bytes = parse_bytes(v); }},
       {"--max-connections",
        [](CommandLine& c, const std::string& v) { c.server.max_connections = parse_count("--max-connections", v, 1); }},
       {"--idle-timeout",
@@ -131,6 +133,7 @@ std::string usage() {
   return "usage: recdev-server [--listen HOST:PORT] [--shard I] [--num-shards N] [--token-file F]\n"
          "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
          "                     [--lease-seconds SECONDS] [--max-connections N] [--idle-timeout SECONDS]\n"
+         "                     [--max-staged-bytes BYTES]\n"
          "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
 }
 
@@ -154,6 +157,8 @@ Serve one shard of a remote recdev store (docs/server.md), or print a server's s
                             sent HELLO take at most 16 and give way to newer ones
   --idle-timeout S          close a connection after S seconds without a request (default 300; clients
                             reconnect by themselves)
+  --max-staged-bytes BYTES  refuse a synchronous step's gradients past BYTES staged by all fleets at
+                            once (default 1G); a part waits at most 3600 s for the other ranks'
   --stats HOST:PORT         print the stats of the server at HOST:PORT and exit
   --timeout S               --stats: give up after S seconds (default 10)
   -h, --help                show this help and exit

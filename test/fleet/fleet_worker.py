@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 import torch_recdev
-from torch_recdev import _C, ops
+from torch_recdev import ops
 
 STEPS = 5
 KEYS = torch.tensor([0, 3, 3, 7, 500])  # 3 twice: duplicates within a batch sum too
@@ -138,26 +138,6 @@ def sync_reference(out: dict) -> None:
 def sync_in_backward(out: dict) -> None:
     out["sync_in_backward"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True, in_backward=True)
                                for kind in SYNC_KINDS}
-
-
-def sync_shard_checks(out: dict) -> None:
-    """What the split apply refuses (internal calls, but a wrong one must fail, not mis-apply)."""
-    table = ops.init_embedding_table("sync.checks", 1000, 4, init=torch_recdev.Constant(1.0)).requires_grad_(True)
-    torch_recdev.optim.SGD([table], lr=1.0, sync=True)
-    ids = torch.arange(20)
-    shards = _C._row_shards(table, ids)
-    out["row_shards"] = shards
-    foreign = int(shards[0]) ^ 1
-    out["refusals"] = []
-    for call in (lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [foreign]),
-                 lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [0, 1, 1]),
-                 lambda: _C._apply_updates(table, ids, torch.ones(20, 4), [2])):
-        try:
-            call()
-            out["refusals"].append(None)
-        except Exception as error:  # noqa: BLE001 (the test reads the type and message)
-            out["refusals"].append(f"{type(error).__name__}: {error}")
-    out["after_refusals"] = ops.emb_read(table, ids).cpu()
 
 
 def sync_killed(out: dict) -> None:

@@ -83,6 +83,11 @@ MESSAGES = {
     "LOAD_ROWS": [LOAD, ("ids", "u64[]", [5, 6]), ("records", "f32[]", [1.0] * (2 * DIM))],
     "COMMIT_LOAD": [("load_ids", "u64[]", lambda ctx: [ctx["load"]])],
     "ABORT_LOAD": [LOAD],
+    # A fleet of one: the part completes its step at once (a world off by one waits its 50 ms out).
+    "STAGE_UPDATE": [("fleet", "u64", 9), ("step", "u64", 1), ("rank", "u32", 0), ("world", "u32", 1),
+                     ("rank_rows", "u64", 2), ("timeout_ms", "u32", 50), TABLE, DTYPE, ("ids", "u64[]", [1, 2]),
+                     ("grads", "f32[]", [0.5] * (2 * DIM))],
+    "COMMIT_UPDATE": [TABLE, ("fleet", "u64", 9), ("step", "u64", 1), ("rank", "u32", 0), ("world", "u32", 1)],
 }
 assert set(MESSAGES) == set(wire.OP), "every opcode of the protocol is described"
 

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 6
+VERSION = 7
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -19,7 +19,7 @@ OP = {
     "WRITE": 23, "WRITE_BYTES": 24, "EXISTS": 25, "ERASE": 26, "UPDATE": 27, "GATHER_STATE": 28,
     "SET_OPTIMIZER": 30, "SET_LR": 31, "SET_STEP": 32, "SET_POLICY": 33, "GET_POLICY_STATE": 34,
     "RESTORE_POLICY": 35, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
-    "COMMIT_LOAD": 43, "ABORT_LOAD": 44,
+    "COMMIT_LOAD": 43, "ABORT_LOAD": 44, "STAGE_UPDATE": 50, "COMMIT_UPDATE": 51,
 }
 ERROR_NAMES = {1: "InvalidArgument", 2: "OutOfRange", 3: "NotFound", 4: "Corrupt", 5: "Io", 6: "Full",
                7: "Unavailable", 8: "PermissionDenied", 9: "Protocol"}
@@ -126,6 +126,10 @@ def policy(max_rows=None, max_bytes=None, evict=None, half_life=1000.0, ttl_step
     flags = (1 if max_rows is not None else 0) | (2 if max_bytes is not None else 0)
     return (u8(flags) + i64(max_rows or 0) + i64(max_bytes or 0) + u8(EVICT.get(evict, evict)) + f64(half_life)
             + u64(ttl_steps) + f64(ttl_seconds) + u32(admit_after) + u32(sketch_width))
+
+
+def step_tag_bytes(fleet, step, rank, world):
+    return u64(fleet) + u64(step) + u32(rank) + u32(world)
 
 
 def frame(opcode, payload=b"", request_id=0, flags=0, reserved=0, length=None):
@@ -294,6 +298,16 @@ class Connection:
 
     def update(self, table, ids, grads):
         self.call("UPDATE", table_ref(table) + array(ids, np.uint64) + array(grads, np.float32))
+
+    def stage_update(self, table, step_tag, ids, grads, timeout_ms, rank_rows=None):
+        """This rank's part of a synchronous step; step_tag = (fleet, step, rank, world). Returns once
+        every rank's part is in (or raises the shard's error)."""
+        rank_rows = len(ids) if rank_rows is None else rank_rows
+        self.call("STAGE_UPDATE", step_tag_bytes(*step_tag) + u64(rank_rows) + u32(timeout_ms) + table_ref(table)
+                  + array(ids, np.uint64) + array(grads, np.float32))
+
+    def commit_update(self, table, step_tag):
+        self.call("COMMIT_UPDATE", u64(table) + step_tag_bytes(*step_tag))
 
     def exists(self, table, ids):
         r = Reader(self.call("EXISTS", table_ref(table) + array(ids, np.uint64)))
