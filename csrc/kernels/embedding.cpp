@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <memory>
 #include <vector>
 
 namespace recdev::kernels {
@@ -286,9 +285,10 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
-    // Not zeroed: pooling writes every element.
-    std::unique_ptr<float[]> pooled(half ? new float[(end - begin) * dim] : nullptr);
-    float* pooled_data = half ? pooled.get() : static_cast<float*>(out_data) + begin * dim;
+    // Kept per thread: a fresh megabyte per task would be fresh pages, zeroed by the kernel, every call.
+    thread_local std::vector<float> pooled;
+    if (half) pooled.resize(std::max(pooled.size(), static_cast<size_t>((end - begin) * dim)));
+    float* pooled_data = half ? pooled.data() : static_cast<float*>(out_data) + begin * dim;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
         static_cast<store::PoolingMode>(half && mode == 1 ? 0 : mode), weight_data ? weight_data + base : nullptr,
