@@ -12,6 +12,7 @@ namespace recdev::net {
 
 using store::ErrorCode;
 using store::StoreError;
+using store::seconds_text;
 
 namespace {
 
@@ -20,13 +21,6 @@ constexpr std::string_view kScheme = "tcp://";
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(int64_t(seconds * 1000.0));
-}
-
-std::string seconds_text(double seconds) {
-  std::string text = std::to_string(seconds);
-  text.erase(text.find_last_not_of('0') + 1);
-  if (text.back() == '.') text.pop_back();
-  return text + " s";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@ namespace recdev::net {
 
 using store::ErrorCode;
 using store::StoreError;
+using store::seconds_text;
 
 namespace {
 
@@ -19,13 +20,6 @@ constexpr uint32_t kMaxWorld = 1u << 16;
 // the staged bytes from its first part until it is forgotten: steps whose parts are gone (applied
 // but not committed by every rank, or empty) must not pile up uncounted.
 uint64_t bookkeeping_bytes(uint32_t world) { return 256 + uint64_t{world} * 64; }
-
-std::string seconds_text(double seconds) {
-  std::string text = std::to_string(seconds);
-  text.erase(text.find_last_not_of('0') + 1);
-  if (text.back() == '.') text.pop_back();
-  return text + " s";
-}
 
 }  // namespace
 

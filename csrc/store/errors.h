@@ -33,4 +33,12 @@ class StoreError : public std::runtime_error {
   ErrorCode code_;
 };
 
+// A duration as error messages print it: "3 s", "2.5 s".
+inline std::string seconds_text(double seconds) {
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text + " s";
+}
+
 }  // namespace recdev::store

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "cpu_features.h"
 #include "errors.h"
@@ -57,6 +58,29 @@ uint64_t mix64(uint64_t x) {
 }
 
 bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(double)) == 0; }
+
+// RowWiseAdagrad (see RowUpdate::apply): the decayed gradient's squares of elements [begin, end),
+// summed in order into sum_square.
+template <class T>
+double rowwise_square_sum(const T* weight, const T* grad, uint32_t begin, uint32_t end, double weight_decay,
+                          double sum_square) {
+  for (uint32_t d = begin; d < end; ++d) {
+    const double g = double(grad[d]) + weight_decay * double(weight[d]);
+    sum_square += g * g;
+  }
+  return sum_square;
+}
+
+// RowWiseAdagrad's per-row scalars: adds the row's mean square to its accumulator (state[0]) and
+// returns {multiplier, correction}, the weight's new value being correction * w - multiplier * g.
+template <class T>
+std::pair<double, double> rowwise_scalars(T* state, double sum_square, uint32_t dim, double lr, double weight_decay,
+                                          double eps) {
+  const double accumulator = double(state[0]) + sum_square / dim;
+  state[0] = T(accumulator);
+  const double multiplier = lr / (std::sqrt(accumulator) + eps);
+  return {multiplier, 1.0 - multiplier * weight_decay};
+}
 
 // Adagrad's rule (see RowUpdate::apply) on elements [begin, end) of a row.
 template <class T>
@@ -121,15 +145,9 @@ RECDEV_STORE_AVX2_FMA void rowwise_adagrad_avx2(float* weight, float* state, con
   }
   double lanes[4];
   _mm256_storeu_pd(lanes, _mm256_add_pd(sums[0], sums[1]));
-  double sum_square = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (uint32_t tail = d; tail < dim; ++tail) {
-    const double g = double(grad[tail]) + weight_decay * double(weight[tail]);
-    sum_square += g * g;
-  }
-  const double accumulator = double(state[0]) + sum_square / dim;
-  state[0] = float(accumulator);
-  const double multiplier = lr / (std::sqrt(accumulator) + eps);
-  const double correction = 1.0 - multiplier * weight_decay;
+  const double sum_square =
+      rowwise_square_sum(weight, grad, d, dim, weight_decay, (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]));
+  const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr, weight_decay, eps);
   const __m256d scale = _mm256_set1_pd(correction);
   const __m256d step = _mm256_set1_pd(multiplier);
   d = 0;
@@ -329,15 +347,8 @@ void RowUpdate::apply_scalar(T* weight, T* state, const T* grad, uint32_t done, 
       return;
     }
     case OptimizerKind::RowWiseAdagrad: {
-      double sum_square = 0;
-      for (uint32_t d = 0; d < dim; ++d) {
-        const double g = double(grad[d]) + weight_decay_ * double(weight[d]);
-        sum_square += g * g;
-      }
-      const double accumulator = double(state[0]) + sum_square / dim;
-      state[0] = T(accumulator);
-      const double multiplier = lr_ / (std::sqrt(accumulator) + eps_);
-      const double correction = 1.0 - multiplier * weight_decay_;
+      const double sum_square = rowwise_square_sum(weight, grad, 0, dim, weight_decay_, 0.0);
+      const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr_, weight_decay_, eps_);
       for (uint32_t d = 0; d < dim; ++d) {
         weight[d] = T(correction * double(weight[d]) - double(grad[d]) * multiplier);
       }
