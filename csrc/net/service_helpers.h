@@ -25,10 +25,10 @@ constexpr uint64_t kResponseSlackBytes = 4096;
 
 inline uint64_t row_cost(uint64_t record_floats) { return record_floats * sizeof(float) + kRowOverheadBytes; }
 
-// What a policy's admission sketch holds (kDepth rows of sketch_width 16-bit counters), for the memory
+// What a policy's admission sketch holds (FrequencySketch::bytes_for), for the memory
 // limit: a client choosing the width must not make the shard allocate past --max-memory.
 inline uint64_t sketch_bytes(const store::TablePolicyConfig& policy) {
-  return policy.admit_after > 1 ? uint64_t{store::FrequencySketch::kDepth} * policy.sketch_width * sizeof(uint16_t) : 0;
+  return policy.admit_after > 1 ? store::FrequencySketch::bytes_for(policy.sketch_width, policy.admit_after) : 0;
 }
 
 [[noreturn]] inline void invalid(const std::string& message) { throw StoreError(ErrorCode::InvalidArgument, message); }

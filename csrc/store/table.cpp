@@ -827,7 +827,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   request.unlock();
   // Without evict, rows over the budget stay (the rows are installed by now): the next request that
   // adds a row is refused.
-  if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
+  if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds(), held_rows()));
 }
 
 // ---- Fused optimizer ----
@@ -900,7 +900,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   if (policy_) {
     // Wider records shrink a byte budget's rows.
     policy_->set_record_bytes(uint64_t{new_record_floats} * sizeof(float));
-    if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds()));
+    if (policy_->config().evict != EvictKind::None) evict_now(policy_->enforce(steady_seconds(), held_rows()));
   }
 }
 
@@ -1128,13 +1128,25 @@ std::optional<Table::PolicyPass> Table::enter_policy(const uint64_t* ids, size_t
   if (!has_policy_.load(std::memory_order_acquire)) return std::nullopt;
   std::unique_lock<std::mutex> lock(policy_mutex_);
   if (!policy_) return std::nullopt;
-  PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds());
+  PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds(), held_rows());
   {
     std::shared_lock<std::shared_mutex> request(request_mutex_);
     erase_rows(decision.victims.data(), decision.victims.size());
     materialize_rows(decision.admitted.data(), decision.admitted.size());
   }
   return PolicyPass{std::move(lock), std::move(decision)};
+}
+
+HeldRows Table::held_rows() const {
+  return HeldRows{[this](const uint64_t* ids, size_t n, uint8_t* held) { exists(ids, n, held); },
+                  [this] {
+                    uint64_t rows = 0;
+                    for (const Shard& shard : shards_) {
+                      std::shared_lock<std::shared_mutex> lock(shard.mutex);
+                      rows += shard.rows.size();
+                    }
+                    return rows;
+                  }};
 }
 
 // As read_rows' second pass: computing init values is most of it, so sub-shards go to several
@@ -1188,14 +1200,14 @@ void Table::set_policy(const TablePolicyConfig& config) {
   }
   const double now = steady_seconds();
   if (policy_) {
-    const TablePolicyConfig previous = policy_->config();
-    policy_->reconfigure(config);
-    try {
-      evict_now(policy_->enforce(now));
-    } catch (const StoreError&) {
-      policy_->reconfigure(previous);
-      throw;
+    const bool adopt_rows = !policy_->keeps_touches() && config.evict != EvictKind::None;
+    policy_->reconfigure(config, held_rows());
+    if (adopt_rows) {
+      const auto locks = lock_all_shards();
+      policy_->adopt(materialized_ids(), now);
     }
+    // Only a budget without evict refuses, and reconfigure checked that one.
+    evict_now(policy_->enforce(now, held_rows()));
     return;
   }
   auto fresh = std::make_unique<TablePolicy>(config, record_bytes);
@@ -1203,7 +1215,7 @@ void Table::set_policy(const TablePolicyConfig& config) {
     const auto locks = lock_all_shards();
     fresh->adopt(materialized_ids(), now);
   }
-  const std::vector<uint64_t> victims = fresh->enforce(now);
+  const std::vector<uint64_t> victims = fresh->enforce(now, held_rows());
   policy_ = std::move(fresh);
   has_policy_.store(true, std::memory_order_release);
   evict_now(victims);
@@ -1246,7 +1258,7 @@ void Table::restore_policy_state(const PolicyState& state) {
   std::set_difference(ids.begin(), ids.end(), kept_ids.begin(), kept_ids.end(), std::back_inserter(unknown));
   fresh->restore(kept, state.clocks, state.sketch.empty() ? nullptr : &state.sketch, state.sketch_since_aging, now);
   fresh->adopt(unknown, now);
-  const std::vector<uint64_t> victims = fresh->enforce(now);
+  const std::vector<uint64_t> victims = fresh->enforce(now, held_rows());
   policy_ = std::move(fresh);
   has_policy_.store(true, std::memory_order_release);
   evict_now(victims);

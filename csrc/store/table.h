@@ -343,6 +343,8 @@ class Table {
     PolicyDecision decision;
   };
   std::optional<PolicyPass> enter_policy(const uint64_t* ids, size_t n, Touch touch);
+  // The rows this table holds, for a policy without touch metadata; under policy_mutex_.
+  HeldRows held_rows() const;
   // update's core behind the policy: drops the gradients of rows the policy does not store.
   template <class T>
   void apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,

@@ -126,7 +126,26 @@ void validate_policy(const TablePolicyConfig& config) {
 }
 
 TablePolicy::TablePolicy(const TablePolicyConfig& config, uint64_t record_bytes) : record_bytes_(record_bytes) {
-  reconfigure(config);
+  configure(config);
+}
+
+void TablePolicy::check_held_within(const TablePolicyConfig& config, const HeldRows& held) const {
+  const uint64_t budget = budget_of(config, record_bytes_);
+  if (budget == kNoBudget) return;
+  const uint64_t rows_held = held.count();
+  if (rows_held <= budget) return;
+  throw StoreError(ErrorCode::Full, "the table holds " + std::to_string(rows_held) + " rows, more than the budget of " +
+                                        std::to_string(budget) + " rows (" + describe(config) +
+                                        "), and has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise the "
+                                        "budget");
+}
+
+void TablePolicy::reconfigure(const TablePolicyConfig& config, const HeldRows& held) {
+  validate_policy(config);
+  // Refused before anything changes: without evict the rows' metadata is dropped, and could not be
+  // brought back if the budget then refused.
+  if (config.evict == EvictKind::None) check_held_within(config, held);
+  configure(config);
 }
 
 uint32_t auto_sketch_width(uint64_t row_budget) {
@@ -136,7 +155,7 @@ uint32_t auto_sketch_width(uint64_t row_budget) {
   return width;
 }
 
-void TablePolicy::reconfigure(const TablePolicyConfig& requested) {
+void TablePolicy::configure(const TablePolicyConfig& requested) {
   validate_policy(requested);
   TablePolicyConfig config = requested;
   if (config.admit_after > 1 && config.sketch_width == 0) {
@@ -146,9 +165,18 @@ void TablePolicy::reconfigure(const TablePolicyConfig& requested) {
   if (config.admit_after <= 1) {
     sketch_.reset();
   } else if (!sketch_ || sketch_->width() != config.sketch_width) {
-    sketch_ = std::make_unique<FrequencySketch>(config.sketch_width);
+    sketch_ = std::make_unique<FrequencySketch>(config.sketch_width, config.admit_after);
+  } else if (FrequencySketch::bytes_for(config.sketch_width, config.admit_after) != sketch_->bytes()) {
+    // Counters of another width for the new admit_after; the counts carry over (capped).
+    auto repacked = std::make_unique<FrequencySketch>(config.sketch_width, config.admit_after);
+    repacked->restore(sketch_->counters(), sketch_->since_aging());
+    sketch_ = std::move(repacked);
   }
   config_ = config;
+  if (!keeps_touches()) {
+    clear();
+    return;
+  }
   if (rescore && rows_.size() != 0) {
     // The order's keys depend on the kind: one touch count per row at its last step.
     rows_.for_each([&](uint64_t, Meta& meta) {
@@ -315,7 +343,8 @@ void TablePolicy::remove(uint64_t id) {
   rows_.erase(id);  // its log entry, if any, is stale from now on
 }
 
-PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now) {
+PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now,
+                                  const HeldRows& held) {
   const uint64_t saved_step = step_;
   if (touch_kind == Touch::Update) ++step_;  // undone below if the request is refused
   // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
@@ -328,6 +357,11 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
     slot_of[i] = slot;
   }
   std::vector<Status> status(distinct.size());
+  std::vector<uint8_t> held_by_table;  // without touch metadata: which rows the table holds
+  if (!keeps_touches()) {
+    held_by_table.resize(distinct.size());
+    held.contains(distinct.data(), distinct.size(), held_by_table.data());
+  }
   std::vector<uint32_t> sketch_cells;
   uint64_t stored_count = 0;
   uint64_t new_count = 0;
@@ -335,9 +369,9 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   for (size_t d = 0; d < distinct.size(); ++d) {
     if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
     const uint64_t id = distinct[d];
-    const Meta* found = rows_.find(id);
+    const Meta* found = keeps_touches() ? rows_.find(id) : nullptr;
     Status s;
-    if (found != nullptr && !expired(*found, now)) {
+    if (keeps_touches() ? found != nullptr && !expired(*found, now) : held_by_table[d] != 0) {
       s = Status::Resident;
     } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
       s = Status::Admit;
@@ -369,9 +403,10 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
                std::to_string(budget) + " rows (" + describe(config_) +
                "): split the batch, or raise max_rows / max_bytes");
   }
-  if (config_.evict == EvictKind::None && rows_.size() + new_count > budget) {
+  const uint64_t rows_held = keeps_touches() ? rows_.size() : budget != kNoBudget ? held.count() : 0;
+  if (config_.evict == EvictKind::None && rows_held + new_count > budget) {
     refuse(ErrorCode::Full, "the request would materialize " + std::to_string(new_count) + " rows beyond the " +
-                                std::to_string(rows_.size()) + " held, past the budget of " + std::to_string(budget) +
+                                std::to_string(rows_held) + " held, past the budget of " + std::to_string(budget) +
                                 " rows (" + describe(config_) +
                                 "), and the table has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise "
                                 "the budget");
@@ -403,7 +438,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
       continue;
     }
     if (status[d] == Status::Admit) decision.admitted.push_back(distinct[d]);
-    touch(distinct[d], ++tick_, now);
+    if (keeps_touches()) touch(distinct[d], ++tick_, now);
   }
   trim_log();
   evicted_ += decision.victims.size();
@@ -413,17 +448,15 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
 }
 
 void TablePolicy::adopt(const std::vector<uint64_t>& ids, double now) {
+  if (!keeps_touches()) return;
   for (const uint64_t id : ids) touch(id, ++tick_, now);
 }
 
-std::vector<uint64_t> TablePolicy::enforce(double now) {
+std::vector<uint64_t> TablePolicy::enforce(double now, const HeldRows& held) {
   const uint64_t budget = row_budget();
-  if (config_.evict == EvictKind::None && budget != kNoBudget && rows_.size() > budget) {
-    throw StoreError(ErrorCode::Full, "the table holds " + std::to_string(rows_.size()) +
-                                          " rows, more than the budget of " + std::to_string(budget) + " rows (" +
-                                          describe(config_) +
-                                          "), and has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise the "
-                                          "budget");
+  if (!keeps_touches()) {
+    check_held_within(config_, held);
+    return {};
   }
   std::vector<uint64_t> victims;
   uint64_t excess = budget != kNoBudget && rows_.size() > budget ? rows_.size() - budget : 0;
@@ -468,7 +501,12 @@ std::vector<RowTouch> TablePolicy::touches(double now) const {
 void TablePolicy::restore(const std::vector<RowTouch>& touches, const Clocks& clocks,
                           const std::vector<uint16_t>* sketch, uint64_t sketch_since_aging, double now) {
   clear();
-  for (const RowTouch& row : touches) link(row.id, rows_.insert(row.id, Meta{row.tick, row.step, now - row.time, row.score}));
+  // Touches saved for a policy without evict (older files kept some) have nothing to order.
+  if (keeps_touches()) {
+    for (const RowTouch& row : touches) {
+      link(row.id, rows_.insert(row.id, Meta{row.tick, row.step, now - row.time, row.score}));
+    }
+  }
   tick_ = clocks.tick;
   step_ = clocks.step;
   evicted_ = clocks.evicted;

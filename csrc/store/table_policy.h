@@ -3,7 +3,7 @@
 // This file holds the bookkeeping only; Table (table.h) runs it around each request.
 //
 // Design
-// - The policy tracks every materialized row of its table (id -> touch metadata) and decides, for one
+// - With evict, the policy tracks every materialized row of its table (id -> touch metadata) and decides, for one
 //   request at a time, under the table's policy lock which Table holds from the request's first row
 //   to its last: which rows of the request are stored (resident or admitted now), which new rows to
 //   materialize, and which rows to evict first. Table then erases the victims and materializes the
@@ -13,6 +13,10 @@
 //   makes victims deterministic and keeps the budget after every request; a row is only erased under
 //   its sub-shard write lock, so no reader sees a torn row, and no request's rows are evicted while it
 //   runs.
+// - Without evict (admission alone, or a budget that refuses) no row is ever a victim, so no touch
+//   metadata is kept at all: the policy asks the table which rows it holds (HeldRows) and how many.
+//   Admission then costs the sketch and nothing per row, which is what makes it save memory.
+//   Setting evict later adopts the rows held, in id order, as set_policy does for a new policy.
 // - Touches: gather and gather_pooled (lookups), update and update_pooled, write and write_bytes.
 //   Each distinct row counts once per request, in first-occurrence order. peek, read_bytes, exists and
 //   gather_state are not touches (they do not materialize).
@@ -50,6 +54,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -86,14 +91,21 @@ std::string describe(const TablePolicyConfig& config);
 void validate_policy(const TablePolicyConfig& config);
 // The sketch width for a table of that row budget (UINT64_MAX: none): the power of two at or above
 // twice the budget, within [kMinAutoSketchWidth, kMaxAutoSketchWidth]; kNoBudgetSketchWidth without a
-// budget. The sketch takes 4 x 2 bytes per column: from 8 KiB up to 32 MiB, about 16 bytes per row
-// of the budget.
+// budget. At admit_after=2 the sketch takes 1 byte per column (FrequencySketch packs 2-bit counters):
+// from 1 KiB up to 4 MiB, about 2 bytes per row of the budget.
 constexpr uint32_t kMinAutoSketchWidth = 1u << 10;
 constexpr uint32_t kMaxAutoSketchWidth = 1u << 22;
 constexpr uint32_t kNoBudgetSketchWidth = 1u << 14;
 uint32_t auto_sketch_width(uint64_t row_budget);
 
 enum class Touch { Lookup, Update, Write };
+
+// The table's rows, as a policy that keeps no touch metadata sees them (evict none). Called under the
+// table's policy lock, when only requests holding it add or erase rows.
+struct HeldRows {
+  std::function<void(const uint64_t* ids, size_t n, uint8_t* held)> contains;
+  std::function<uint64_t()> count;
+};
 
 // What a request does, decided by TablePolicy::apply.
 struct PolicyDecision {
@@ -131,22 +143,25 @@ class TablePolicy {
 
   const TablePolicyConfig& config() const { return config_; }
   // A new config, keeping the rows' metadata (and the sketch if its width stays). A sketch_width of 0
-  // becomes auto_sketch_width of the new budget.
-  void reconfigure(const TablePolicyConfig& config);
+  // becomes auto_sketch_width of the new budget. A config without evict drops the metadata; one that
+  // sets evict where there was none leaves the rows held to adopt(). A config without evict whose
+  // budget the rows held pass is refused (StoreError(Full)) with nothing changed.
+  void reconfigure(const TablePolicyConfig& config, const HeldRows& held);
   void set_record_bytes(uint64_t record_bytes) { record_bytes_ = record_bytes; }
   // The row budget in force (max_rows and max_bytes combined), or UINT64_MAX.
   uint64_t row_budget() const { return budget_of(config_, record_bytes_); }
-  uint64_t rows() const { return rows_.size(); }
+  // Whether rows carry touch metadata: only an evict policy needs it (see the design notes).
+  bool keeps_touches() const { return config_.evict != EvictKind::None; }
 
   // Records one request's touches and decides it (see PolicyDecision). Throws StoreError with
   // nothing changed when the request cannot be served within the budget. now: steady-clock seconds.
-  PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now);
+  PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
   // Rows materialized outside a request (the rows a table held when the policy was set, or that a
-  // checkpoint installed), touched in the given order.
+  // checkpoint installed), touched in the given order; nothing without touch metadata.
   void adopt(const std::vector<uint64_t>& ids, double now);
   // The victims that bring the rows within the budget (and past ttl) now; StoreError(Full) without
   // evict. Removes them from the policy.
-  std::vector<uint64_t> enforce(double now);
+  std::vector<uint64_t> enforce(double now, const HeldRows& held);
   void forget(const uint64_t* ids, size_t n);  // rows erased by the user
   void clear();                                // every row dropped (set_init)
 
@@ -248,6 +263,9 @@ class TablePolicy {
   };
 
   static uint64_t budget_of(const TablePolicyConfig& config, uint64_t record_bytes);
+  void configure(const TablePolicyConfig& config);  // reconfigure, unchecked
+  // StoreError(Full) if the table holds more rows than the budget of config, which has no evict.
+  void check_held_within(const TablePolicyConfig& config, const HeldRows& held) const;
   Key key_of(uint64_t id, const Meta& meta) const { return Key{meta.score, meta.tick, id}; }
   // lru and ttl order rows by the log, lfu by the set of keys; without evict nothing is ever a victim,
   // so no order is kept (a checkpoint sorts the rows by tick).

@@ -30,17 +30,23 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def count_limit(admit_after: int) -> int:
+    """Counters take the fewest of 2, 4, 8 or 16 bits that count to admit_after, and saturate there."""
+    return next((1 << bits) - 1 for bits in (2, 4, 8, 16) if admit_after <= (1 << bits) - 1)
+
+
 class Sketch:
-    def __init__(self, width: int):
+    def __init__(self, width: int, admit_after: int):
         self.width = width
+        self.limit = count_limit(admit_after)
         self.counters = [[0] * width for _ in SKETCH_SEEDS]
         self.since_aging = 0
 
     def increment(self, row_id: int) -> int:
-        count = 65535
+        count = self.limit
         for row, seed in enumerate(SKETCH_SEEDS):
             column = mix64(row_id ^ seed) & (self.width - 1)
-            self.counters[row][column] = min(self.counters[row][column] + 1, 65535)
+            self.counters[row][column] = min(self.counters[row][column] + 1, self.limit)
             count = min(count, self.counters[row][column])
         return count
 
@@ -60,7 +66,7 @@ class PolicyModel:
         self.half_life = float(half_life)
         self.ttl = ttl
         self.admit_after = admit_after
-        self.sketch = Sketch(sketch_width or auto_sketch_width(max_rows)) if admit_after > 1 else None
+        self.sketch = Sketch(sketch_width or auto_sketch_width(max_rows), admit_after) if admit_after > 1 else None
         self.rows = {}  # id -> (tick, step, score)
         self.tick = 0
         self.step = 0

@@ -188,10 +188,51 @@ def test_a_smaller_budget_evicts_at_once_and_keeps_the_order(policy_table, store
     with pytest.raises(store_mod.StoreFullError, match="no evict policy"):  # the policy stays
         table.set_policy(max_rows=2)
     assert held(table) == {6, 7, 8, 9}
+    table.gather(np.array([20], np.uint64))  # and so does the recency order: 6 is still the oldest
+    assert held(table) == {7, 8, 9, 20}
     assert table.policy == dict(
         max_rows=4, max_bytes=None, evict="lru", half_life=1000.0, ttl_steps=None, ttl_seconds=None,
         admit_after=1, sketch_width=0,
     )
+
+
+def test_admission_without_evict_keeps_nothing_per_row(policy_table):
+    """Without evict no row is a victim, so no touch metadata is kept: admitted rows cost what the same
+    rows cost a table without a policy, and the sketch is all the policy adds."""
+    table, twin = policy_table(admit_after=2, sketch_width=1024)
+    sketch_bytes = table.stats().bytes - twin.stats().bytes
+    assert sketch_bytes == 4 * 1024 * 2 // 8
+    ids = np.arange(0, 300, 2, dtype=np.uint64)
+    table.gather(ids)
+    table.gather(ids[:100])  # admits 100 rows, and maybe a few more the sketch over-counts
+    admitted = np.array(sorted(held(table)), np.uint64)
+    assert len(admitted) >= 100 and table.stats().admitted == len(admitted)
+    twin.gather(admitted)
+    assert table.stats().bytes == twin.stats().bytes + sketch_bytes
+
+
+def test_setting_evict_adopts_the_admitted_rows_in_id_order(policy_table):
+    table, _ = policy_table(admit_after=2, sketch_width=1024)
+    for _ in range(2):
+        table.gather(np.array([50, 30, 10], np.uint64))
+    assert held(table) == {10, 30, 50}
+    table.set_policy(max_rows=2, evict="lru", admit_after=2, sketch_width=1024)  # 10 is the oldest adopted
+    assert held(table) == {30, 50}
+    table.set_policy(admit_after=2, sketch_width=1024)  # back to admission alone: the metadata goes
+    table.gather(np.array([10], np.uint64))  # counted twice before, so admitted at once
+    assert held(table) == {10, 30, 50}
+
+
+def test_changing_admit_after_keeps_the_counts(policy_table):
+    """admit_after=2 packs 2-bit counters and 5 needs 4-bit ones: the counts are carried over."""
+    table, _ = policy_table(admit_after=2, sketch_width=1024)
+    table.gather(np.array([7], np.uint64))
+    table.set_policy(admit_after=5, sketch_width=1024)
+    for _ in range(3):
+        table.gather(np.array([7], np.uint64))
+        assert held(table) == set()
+    table.gather(np.array([7], np.uint64))  # the fifth lookup
+    assert held(table) == {7}
 
 
 def test_a_policy_adopts_the_rows_already_held(policy_table):
@@ -235,14 +276,17 @@ def test_ttl_in_seconds(policy_table):
         (dict(admit_after=2, max_rows=20, sketch_width=64), 64),
     ],
 )
-def test_the_sketch_is_sized_from_the_budget_and_counted_in_bytes(policy_table, policy, width):
+@pytest.mark.parametrize("admit_after, bits", [(2, 2), (3, 2), (4, 4), (15, 4), (16, 8), (255, 8), (256, 16)])
+def test_the_sketch_is_sized_from_the_budget_and_counted_in_bytes(policy_table, policy, width, admit_after, bits):
     table, _ = policy_table()
     plain = table.stats().bytes
-    table.set_policy(**policy)
+    table.set_policy(**{**policy, "admit_after": admit_after})
     assert table.policy["sketch_width"] == width
-    assert table.stats().bytes == plain + 4 * 2 * width  # no row held yet: the sketch is all there is
-    assert width == PolicyModel(max_rows=policy.get("max_rows", policy.get("max_bytes") and 4096),
-                                admit_after=2, sketch_width=policy.get("sketch_width")).sketch.width
+    # No row held yet: the sketch is all there is, 4 counters of `bits` per column.
+    assert table.stats().bytes == plain + 4 * width * bits // 8
+    model = PolicyModel(max_rows=policy.get("max_rows", policy.get("max_bytes") and 4096), admit_after=admit_after,
+                        sketch_width=policy.get("sketch_width"))
+    assert (model.sketch.width, model.sketch.limit) == (width, 2**bits - 1)
 
 
 def test_touch_metadata_is_counted_in_bytes(policy_table):
