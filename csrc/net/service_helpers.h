@@ -2,6 +2,7 @@
 // argument checks, decoding a request and encoding its reply into the connection's reused buffer.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "frame_io.h"
 #include "protocol.h"
 #include "store/errors.h"
+#include "store/frequency_sketch.h"
+#include "store/table_policy.h"
 
 namespace recdev::net::service_detail {
 
@@ -25,10 +28,18 @@ constexpr uint64_t kResponseSlackBytes = 4096;
 
 inline uint64_t row_cost(uint64_t record_floats) { return record_floats * sizeof(float) + kRowOverheadBytes; }
 
-// What a policy's admission sketch holds (FrequencySketch::bytes_for), for the memory
-// limit: a client choosing the width must not make the shard allocate past --max-memory.
+// What a policy's admission sketch holds (FrequencySketch::bytes_for), for the memory limit: a client
+// choosing the width, or a budget that sizes it (width 0), must not make the shard allocate past
+// --max-memory. A byte budget bounds the rows at max_bytes / kRowOverheadBytes, the least a row costs.
 inline uint64_t sketch_bytes(const store::TablePolicyConfig& policy) {
-  return policy.admit_after > 1 ? store::FrequencySketch::bytes_for(policy.sketch_width, policy.admit_after) : 0;
+  if (policy.admit_after <= 1) return 0;
+  uint32_t width = policy.sketch_width;
+  if (width == 0) {
+    uint64_t rows = policy.max_rows != 0 ? policy.max_rows : UINT64_MAX;
+    if (policy.max_bytes != 0) rows = std::min(rows, policy.max_bytes / store::TablePolicy::kRowOverheadBytes);
+    width = store::auto_sketch_width(rows);
+  }
+  return store::FrequencySketch::bytes_for(width, policy.admit_after);
 }
 
 [[noreturn]] inline void invalid(const std::string& message) { throw StoreError(ErrorCode::InvalidArgument, message); }

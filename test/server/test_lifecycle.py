@@ -160,6 +160,25 @@ def test_max_memory_gives_store_full(start_server):
     assert server.stop() == 0
 
 
+def test_an_admission_sketch_sized_by_its_budget_counts_against_max_memory(start_server):
+    """sketch_width 0 sizes the sketch from the budget: 10^7 rows and admit_after=1000 (16-bit
+    counters) ask for 2^22 columns, 32 MiB, which a 4 MiB shard refuses before allocating."""
+    server = start_server("--max-memory", "4M")
+    with server.connect() as c:
+        table = c.create_table(10**9, 8)
+        for budget in (dict(max_rows=10**7), dict(max_bytes=10**10)):
+            with pytest.raises(ServerError) as info:
+                c.call("SET_POLICY", u64(table) + wire.policy(**budget, evict="lru", admit_after=1000, sketch_width=0))
+            assert info.value.name == "Full" and "--max-memory" in info.value.message
+            assert c.info(table)["policy"]["admit_after"] == 1
+        # admit_after=2 packs 2-bit counters: a budget of 2^19 rows takes 2^20 columns, 1 MiB, which fits.
+        c.call("SET_POLICY", u64(table) + wire.policy(max_rows=2**19, evict="lru", admit_after=2, sketch_width=0))
+        assert c.info(table)["policy"]["sketch_width"] == 2**20
+        assert c.stats()["bytes"] <= 4 << 20
+    assert server.alive()
+    assert server.stop() == 0
+
+
 def test_stats_command(start_server, tmp_path):
     token = tmp_path / "token"
     token.write_text("abc\n")
