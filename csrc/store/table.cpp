@@ -978,11 +978,12 @@ void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
 }
 
 template <class T>
-void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count) {
+void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+                            bool gradients_checked) {
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   require_optimizer(id_, optimizer_.kind);
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
-  check_gradients(ids, n, grads, values, value_count, threads);
+  if (!gradients_checked) check_gradients(ids, n, grads, values, value_count, threads);
   const CoalescedGradients<T> coalesced(ids, n, grads, elements_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument,
@@ -1012,7 +1013,7 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* 
   }
   const auto pass = enter_policy(ids, n, Touch::Update);
   if (!pass || pass->decision.all_stored) {
-    apply_gradients<T>(ids, n, grads, values, value_count);
+    apply_gradients<T>(ids, n, grads, values, value_count, /*gradients_checked=*/true);
     return;
   }
   // Rows pending admission keep their init value: their gradients are dropped.
@@ -1023,7 +1024,8 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* 
     stored_ids.push_back(ids[i]);
     stored_grads.push_back(grads[i]);
   }
-  apply_gradients<T>(stored_ids.data(), stored_ids.size(), stored_grads.data(), values, value_count);
+  apply_gradients<T>(stored_ids.data(), stored_ids.size(), stored_grads.data(), values, value_count,
+                     /*gradients_checked=*/true);
 }
 
 template <class T>

@@ -384,9 +384,10 @@ class Table {
   // check_gradients throws unless every gradient is finite (naming the first bad one in batch order);
   // apply_update applies one sub-shard's coalesced gradients under its lock.
   // apply_gradients: update's core, for n ids with their gradient rows; every row's floats are among
-  // the value_count floats at values, which the finite check reads.
+  // the value_count floats at values, which the finite check reads (unless the caller checked them).
   template <class T>
-  void apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count);
+  void apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+                       bool gradients_checked = false);
   template <class T>
   void check_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
                        size_t threads) const;

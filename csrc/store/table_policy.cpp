@@ -156,6 +156,7 @@ uint32_t auto_sketch_width(uint64_t row_budget) {
 }
 
 void TablePolicy::configure(const TablePolicyConfig& requested) {
+  last_lookup_.clear();
   validate_policy(requested);
   TablePolicyConfig config = requested;
   if (config.admit_after > 1 && config.sketch_width == 0) {
@@ -347,6 +348,11 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
                                   const HeldRows& held) {
   const uint64_t saved_step = step_;
   if (touch_kind == Touch::Update) ++step_;  // undone below if the request is refused
+  if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) {
+    last_lookup_.clear();
+    return PolicyDecision{};
+  }
+  last_lookup_.clear();
   // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
   DistinctIds index_of(n);
   std::vector<uint64_t> distinct;
@@ -444,15 +450,24 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   evicted_ += decision.victims.size();
   admitted_ += decision.admitted.size();
   if (sketch_) sketch_->note_increments(increments);
+  if (touch_kind == Touch::Lookup && config_.evict == EvictKind::Lru && decision.all_stored) {
+    last_lookup_.assign(ids, ids + n);
+  }
   return decision;
 }
 
+bool TablePolicy::repeats_last_lookup(const uint64_t* ids, size_t n) const {
+  return n != 0 && last_lookup_.size() == n && std::equal(ids, ids + n, last_lookup_.begin());
+}
+
 void TablePolicy::adopt(const std::vector<uint64_t>& ids, double now) {
+  last_lookup_.clear();
   if (!keeps_touches()) return;
   for (const uint64_t id : ids) touch(id, ++tick_, now);
 }
 
 std::vector<uint64_t> TablePolicy::enforce(double now, const HeldRows& held) {
+  last_lookup_.clear();
   const uint64_t budget = row_budget();
   if (!keeps_touches()) {
     check_held_within(config_, held);
@@ -473,11 +488,13 @@ std::vector<uint64_t> TablePolicy::enforce(double now, const HeldRows& held) {
 }
 
 void TablePolicy::forget(const uint64_t* ids, size_t n) {
+  last_lookup_.clear();
   for (size_t i = 0; i < n; ++i) remove(ids[i]);
   trim_log();
 }
 
 void TablePolicy::clear() {
+  last_lookup_.clear();
   order_.clear();
   log_.clear();
   log_head_ = 0;

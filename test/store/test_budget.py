@@ -81,6 +81,48 @@ def test_policy_matches_the_reference_model(policy_table, rng, policy):
     assert model.evicted or policy.get("evict") is None  # the stream did exercise eviction
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        dict(max_rows=20, evict="lru"),
+        dict(max_rows=20, evict="lfu", half_life=3.0),
+        dict(max_rows=15, evict="ttl", ttl_steps=6),
+        dict(max_rows=20, evict="lru", admit_after=2),
+    ],
+)
+def test_training_steps_match_the_reference_model(policy_table, rng, policy):
+    """Each step looks up a batch and updates the same ids, as embedding_bag's forward and backward
+    do: under lru the update then touches nothing (table_policy.h, Touches), which must leave the
+    same rows, victims and counts as the model's touch of every row."""
+    table, _ = policy_table(**policy)
+    model = PolicyModel(max_rows=policy.get("max_rows"), evict=policy.get("evict"),
+                        half_life=policy.get("half_life", 1000.0), ttl=policy.get("ttl_steps"),
+                        admit_after=policy.get("admit_after", 1))
+    for _ in range(150):
+        ids = (rng.zipf(1.3, size=int(rng.integers(1, 9))) % NUM_IDS).astype(np.uint64)
+        table.gather(ids)
+        model.request(ids, "lookup")
+        table.update(ids, np.ones((len(ids), DIM), np.float32))
+        model.request(ids, "update")
+        assert held(table) == set(model.rows)
+        stats = table.stats()
+        assert (stats.evicted, stats.admitted, stats.pending) == (len(model.evicted), len(model.admitted),
+                                                                   model.pending)
+    assert model.evicted
+
+
+def test_an_update_after_an_erase_does_not_bring_erased_rows_back(policy_table, store_mod):
+    """The lookup-then-update shortcut must not survive anything that changes the rows in between."""
+    table, twin = policy_table(max_rows=50, evict="lru")
+    ids = np.arange(10, dtype=np.uint64)
+    table.gather(ids)
+    table.erase(ids[:3])
+    table.update(ids, np.ones((10, DIM), np.float32))  # rows 0-2 are new again: stored as first touches
+    twin.gather(ids[:3])
+    assert np.array_equal(table.peek(ids[:3]), twin.peek(ids[:3]) - 0.5)  # SGD lr 0.5, gradient 1
+    assert table.stats().rows == 10 and table.stats().admitted == 13
+
+
 def test_lru_victims_in_order(policy_table):
     table, _ = policy_table(max_rows=3, evict="lru")
     for i in (1, 2, 3):
