@@ -1,9 +1,10 @@
 """Budgets, eviction and admission (issue 20, docs/budgets.md).
 
 - Training step (embedding_bag sum, fused Adagrad, 65,536 ids in bags of 4 from 200,000 ids, drawn
-  from a Zipf law as click logs are, and uniformly as the worst case) on a table with an LRU budget at
-  50% of the rows the run touches, against the same steps on a table with no policy, same run: target
-  ≤ 1.15× the time.
+  from a Zipf law as click logs are, and uniformly as the worst case; and a drifting stream, where
+  new ids arrive and old ones fade) on a table with an LRU budget at 50% of the rows the run (10
+  steps) touches, against the same steps on a table with no policy, same run: target ≤ 1.15× the
+  time.
 - Admission sketch cost: lookups of 100,000 never-admitted ids (admit_after=65535: each counted in
   the sketch, answered with its init value) against peeking the same ids' init values.
 - A stream of 10^7 distinct ids (dim 16, batches of 50,000) through a 10^6-row LRU budget: rows held
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from torch_recdev import _C
 
 TOUCHED, NUM_IDS, BAG, DIM, STEPS = 200_000, 65_536, 4, 64, 10
 ZIPF = 1.05
+DRIFT_NEW, DRIFT_DECAY, DRIFT_AGES = 4096, 0.75, 40
 
 
 def _rss_bytes() -> int:
@@ -45,19 +48,28 @@ def _zipf_ids(rng: np.random.Generator, n: int, exponent: float) -> torch.Tensor
 
 
 def _training_case(name: str, batches: list, steps: int, quick: bool) -> list:
+    """Each timed run trains `steps` batches: the same ones every run, or with more batches than that
+    (a stream), the next ones, so that both tables see the same stream in the same order. The budget
+    is half the rows STEPS batches touch (on a stream, the mean over its windows of STEPS)."""
     offsets = torch.arange(0, NUM_IDS, BAG)
-    touched = len(torch.unique(torch.cat(batches)))
+    window = min(STEPS, len(batches))
+    touched = round(statistics.mean(len(torch.unique(torch.cat(batches[first:first + window])))
+                                    for first in range(0, len(batches) - window + 1, window)))
     with torch_recdev.placement("table"):
-        plain = torch.nn.EmbeddingBag(10**8, DIM, mode="sum", device="recdev")
-        budgeted = torch.nn.EmbeddingBag(10**8, DIM, mode="sum", device="recdev")
+        plain = torch.nn.EmbeddingBag(10**9, DIM, mode="sum", device="recdev")
+        budgeted = torch.nn.EmbeddingBag(10**9, DIM, mode="sum", device="recdev")
     torch_recdev.optim.Adagrad([plain.weight], lr=0.05)
     torch_recdev.optim.Adagrad([budgeted.weight], lr=0.05)
     torch_recdev.set_table_policy(budgeted.weight, max_rows=touched // 2, evict="lru")
 
     def run_steps(module):
+        position = [0]
+
         def steps_fn():
-            for ids in batches:
+            first = position[0] % len(batches)
+            for ids in batches[first:first + steps]:
                 module(ids, offsets).sum().backward()
+            position[0] += steps
 
         return steps_fn
 
@@ -74,16 +86,36 @@ def _training_case(name: str, batches: list, steps: int, quick: bool) -> list:
     ]
 
 
+def _drifting_stream(rng: np.random.Generator, batches: int) -> list:
+    """The stream a budget is for: every step brings DRIFT_NEW new ids (Zipf within them), and an id's
+    popularity fades by DRIFT_DECAY per step of its age, so old ids stop being looked up."""
+    ages = DRIFT_DECAY ** np.arange(DRIFT_AGES)
+    ranks = 1.0 / np.arange(1, DRIFT_NEW + 1) ** ZIPF
+    order = rng.permutation(DRIFT_NEW)
+    stream = []
+    for step in range(batches):
+        age = rng.choice(DRIFT_AGES, size=NUM_IDS, p=ages / ages.sum())
+        rank = rng.choice(DRIFT_NEW, size=NUM_IDS, p=ranks / ranks.sum())
+        stream.append(torch.from_numpy((step + DRIFT_AGES - age) * DRIFT_NEW + order[rank]))
+    return stream
+
+
 def _training(quick: bool) -> list:
     """Ids drawn uniformly (the worst case: half the lookups miss the budget, each miss an eviction
-    and a first touch) and from a Zipf law, as click logs are (most lookups hit the rows kept)."""
+    and a first touch), from a Zipf law, as click logs are (most lookups hit the rows kept), and a
+    drifting stream (new ids arrive, old ones fade: what evictions are for)."""
     steps = 3 if quick else STEPS
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     uniform = [torch.randint(0, TOUCHED, (NUM_IDS,)) for _ in range(steps)]
     skewed = [_zipf_ids(rng, NUM_IDS, ZIPF) for _ in range(steps)]
+    # compare() runs each side 3 x (2 warm-up + repeat) times: a fresh part of the stream every run.
+    runs = 3 * (2 + (1 if quick else 2))
+    drifting = _drifting_stream(rng, runs * steps)
     return (_training_case(f"Zipf({ZIPF}) ids", skewed, steps, quick)
-            + _training_case("uniform ids", uniform, steps, quick))
+            + _training_case("uniform ids", uniform, steps, quick)
+            + _training_case(f"a drifting stream ({DRIFT_NEW:,} new ids a step, popularity x{DRIFT_DECAY} a step "
+                             "of age)", drifting, steps, quick))
 
 
 def _sketch_cost(quick: bool) -> list:

@@ -31,7 +31,7 @@ def test_quick_benchmark_run_writes_table_and_plot(quick_run):
     for workload in ("add, 1M float32", "F.embedding, 65,536 ids", "embedding_bag sum", "training step",
                      "torch.save, 10^9-row table", "remote gather, 65,536 ids", "pooled on the shards",
                      "raw loopback TCP stream", "throughput against table size", "against server shards",
-                     "fbgemm", "first touch, 100,000 new ids"):
+                     "fbgemm", "first touch, 100,000 new ids", "a drifting stream", "demo, one pass over"):
         assert workload in table
     assert (tmp_path / "quick.png").stat().st_size > 10_000
 
