@@ -494,9 +494,10 @@ void TablePolicy::forget(const uint64_t* ids, size_t n) {
 }
 
 void TablePolicy::clear() {
-  last_lookup_.clear();
+  // Fresh vectors, not clear(): their memory goes too (a policy switched to no evict keeps none).
+  last_lookup_ = decltype(last_lookup_)(last_lookup_.get_allocator());
   order_.clear();
-  log_.clear();
+  log_ = decltype(log_)(log_.get_allocator());
   log_head_ = 0;
   rows_.clear();
 }

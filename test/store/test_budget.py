@@ -254,7 +254,7 @@ def test_admission_without_evict_keeps_nothing_per_row(policy_table):
 
 
 def test_setting_evict_adopts_the_admitted_rows_in_id_order(policy_table):
-    table, _ = policy_table(admit_after=2, sketch_width=1024)
+    table, twin = policy_table(admit_after=2, sketch_width=1024)
     for _ in range(2):
         table.gather(np.array([50, 30, 10], np.uint64))
     assert held(table) == {10, 30, 50}
@@ -263,6 +263,8 @@ def test_setting_evict_adopts_the_admitted_rows_in_id_order(policy_table):
     table.set_policy(admit_after=2, sketch_width=1024)  # back to admission alone: the metadata goes
     table.gather(np.array([10], np.uint64))  # counted twice before, so admitted at once
     assert held(table) == {10, 30, 50}
+    twin.gather(np.array([10, 30, 50], np.uint64))
+    assert table.stats().bytes == twin.stats().bytes + 4 * 1024 * 2 // 8  # the sketch, and nothing per row
 
 
 def test_changing_admit_after_keeps_the_counts(policy_table):
