@@ -511,7 +511,7 @@ void Table::gather(const uint64_t* ids, size_t n, float* out) {
   // With a policy, the rows it stores are materialized by now, and the others must stay out.
   const auto pass = enter_policy(ids, n, Touch::Lookup);
   build_direct_index_if_worth_it();
-  read_rows(ids, n, reinterpret_cast<std::byte*>(out), pass ? MissPolicy::ComputeInit : MissPolicy::Materialize);
+  read_rows(ids, n, reinterpret_cast<std::byte*>(out), pass.policed() ? MissPolicy::ComputeInit : MissPolicy::Materialize);
 }
 
 void Table::peek(const uint64_t* ids, size_t n, float* out) const {
@@ -535,16 +535,16 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     throw StoreError(ErrorCode::InvalidArgument, "embedding_bag: ignoring nan needs the max positions");
   }
   check_ids(ids, num_ids);
-  std::optional<PolicyPass> pass;
-  if (has_policy_.load(std::memory_order_acquire)) {
+  PolicyPass pass = open_policy_pass();
+  if (pass.policed()) {
     std::vector<uint64_t> touched;
     touched.reserve(num_ids);
     for (size_t position = 0; position < num_ids; ++position) {
       if (!bag.skips(position)) touched.push_back(ids[position]);
     }
-    pass = enter_policy(touched.data(), touched.size(), Touch::Lookup);
+    decide(pass, touched.data(), touched.size(), Touch::Lookup);
   }
-  const MissPolicy miss = pass ? MissPolicy::ComputeInit : MissPolicy::Materialize;
+  const MissPolicy miss = pass.policed() ? MissPolicy::ComputeInit : MissPolicy::Materialize;
   build_direct_index_if_worth_it();
   // Bags are pooled a block at a time: a block holds whole bags and at most kLockedBlockIds ids, unless a
   // single bag is larger.
@@ -612,14 +612,14 @@ void Table::read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const {
 
 void Table::write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) {
   check_byte_range(byte_offset, nbytes);
-  std::optional<PolicyPass> pass;
-  if (has_policy_.load(std::memory_order_acquire) && nbytes > 0) {
+  PolicyPass pass = open_policy_pass();
+  if (pass.policed() && nbytes > 0) {
     const uint64_t row_bytes = uint64_t{dim_} * sizeof(float);
     std::vector<uint64_t> touched;
     for (uint64_t row = byte_offset / row_bytes; row <= (byte_offset + nbytes - 1) / row_bytes; ++row) {
       touched.push_back(row);
     }
-    pass = enter_policy(touched.data(), touched.size(), Touch::Write);
+    decide(pass, touched.data(), touched.size(), Touch::Write);
   }
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   const auto* const source = static_cast<const std::byte*>(data);
@@ -1001,7 +1001,8 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads
 template <class T>
 void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
                                         size_t value_count) {
-  if (!has_policy_.load(std::memory_order_acquire)) {
+  PolicyPass pass = open_policy_pass();
+  if (!pass.policed()) {
     apply_gradients<T>(ids, n, grads, values, value_count);
     return;
   }
@@ -1011,8 +1012,8 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* 
     require_optimizer(id_, optimizer_.kind);
     check_gradients(ids, n, grads, values, value_count, threads_for(n, kUpdateIdsPerThread));
   }
-  const auto pass = enter_policy(ids, n, Touch::Update);
-  if (!pass || pass->decision.all_stored) {
+  decide(pass, ids, n, Touch::Update);
+  if (pass.decision->all_stored) {
     apply_gradients<T>(ids, n, grads, values, value_count, /*gradients_checked=*/true);
     return;
   }
@@ -1020,7 +1021,7 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* 
   std::vector<uint64_t> stored_ids;
   std::vector<const T*> stored_grads;
   for (size_t i = 0; i < n; ++i) {
-    if (!pass->decision.stored[i]) continue;
+    if (!pass.decision->stored[i]) continue;
     stored_ids.push_back(ids[i]);
     stored_grads.push_back(grads[i]);
   }
@@ -1126,17 +1127,33 @@ namespace recdev::store {
 
 // ---- Budget, eviction and admission ----
 
-std::optional<Table::PolicyPass> Table::enter_policy(const uint64_t* ids, size_t n, Touch touch) {
-  if (!has_policy_.load(std::memory_order_acquire)) return std::nullopt;
+Table::PolicyPass Table::open_policy_pass() {
+  if (!has_policy_.load(std::memory_order_acquire)) {
+    std::shared_lock<std::shared_mutex> unpoliced(unpoliced_mutex_);
+    // A policy is published under unpoliced_mutex_: seen absent here, it waits for this request.
+    if (!has_policy_.load(std::memory_order_acquire)) return PolicyPass{std::move(unpoliced), {}, {}};
+  }
   std::unique_lock<std::mutex> lock(policy_mutex_);
-  if (!policy_) return std::nullopt;
+  if (!policy_) {  // removed in between
+    return PolicyPass{std::shared_lock<std::shared_mutex>(unpoliced_mutex_), {}, {}};
+  }
+  return PolicyPass{{}, std::move(lock), {}};
+}
+
+void Table::decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch) {
   PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds(), held_rows());
   {
     std::shared_lock<std::shared_mutex> request(request_mutex_);
     erase_rows(decision.victims.data(), decision.victims.size());
     materialize_rows(decision.admitted.data(), decision.admitted.size());
   }
-  return PolicyPass{std::move(lock), std::move(decision)};
+  pass.decision = std::move(decision);
+}
+
+Table::PolicyPass Table::enter_policy(const uint64_t* ids, size_t n, Touch touch) {
+  PolicyPass pass = open_policy_pass();
+  if (pass.policed()) decide(pass, ids, n, touch);
+  return pass;
 }
 
 HeldRows Table::held_rows() const {
@@ -1213,6 +1230,8 @@ void Table::set_policy(const TablePolicyConfig& config) {
     return;
   }
   auto fresh = std::make_unique<TablePolicy>(config, record_bytes);
+  // Requests without a policy finish first; later ones see it (see the header comment).
+  std::unique_lock<std::shared_mutex> unpoliced(unpoliced_mutex_);
   {
     const auto locks = lock_all_shards();
     fresh->adopt(materialized_ids(), now);
@@ -1220,6 +1239,7 @@ void Table::set_policy(const TablePolicyConfig& config) {
   const std::vector<uint64_t> victims = fresh->enforce(now, held_rows());
   policy_ = std::move(fresh);
   has_policy_.store(true, std::memory_order_release);
+  unpoliced.unlock();
   evict_now(victims);
 }
 
@@ -1241,6 +1261,7 @@ void Table::restore_policy_state(const PolicyState& state) {
   std::lock_guard<std::mutex> lock(policy_mutex_);
   const double now = steady_seconds();
   auto fresh = std::make_unique<TablePolicy>(state.config, uint64_t{record_floats_} * sizeof(float));
+  std::unique_lock<std::shared_mutex> unpoliced(unpoliced_mutex_);  // as in set_policy
   std::vector<uint64_t> ids;
   {
     const auto locks = lock_all_shards();
@@ -1263,6 +1284,7 @@ void Table::restore_policy_state(const PolicyState& state) {
   const std::vector<uint64_t> victims = fresh->enforce(now, held_rows());
   policy_ = std::move(fresh);
   has_policy_.store(true, std::memory_order_release);
+  unpoliced.unlock();
   evict_now(victims);
 }
 

@@ -44,9 +44,13 @@
 // touches rows holds policy_mutex_ from its first row to its last (so such requests run one at a
 // time), lets the policy decide, erases the victims and materializes the admitted rows under their
 // sub-shard write locks, then runs as usual on the rows the policy stores. Views hold policy_mutex_
-// too, so a snapshot's rows and touch metadata agree.
+// too, so a snapshot's rows and touch metadata agree. A request on a table without a policy holds
+// unpoliced_mutex_ shared instead, and set_policy takes it exclusively to adopt the rows held and
+// publish the policy: a request that saw no policy has finished materializing by then, so no row
+// escapes the policy's budget.
 //
-// Lock order: policy_mutex_, request_mutex_, then sub-shard locks in index order, then init_mutex_.
+// Lock order: policy_mutex_, unpoliced_mutex_, request_mutex_, then sub-shard locks in index order,
+// then init_mutex_.
 #pragma once
 
 #include <array>
@@ -336,13 +340,19 @@ class Table {
   };
 
   void check_ids(const uint64_t* ids, size_t n) const;
-  // A request's pass through the policy (see the header comment): holds policy_mutex_ until it is
-  // destroyed; stored says which of its rows are materialized.
+  // A request's pass through the policy (see the header comment), held until the request ends: with
+  // a policy, policy_mutex_ and (once decide() ran) the decision, whose stored says which of its rows
+  // are materialized; without one, unpoliced_mutex_ shared.
   struct PolicyPass {
+    std::shared_lock<std::shared_mutex> unpoliced;
     std::unique_lock<std::mutex> lock;
-    PolicyDecision decision;
+    std::optional<PolicyDecision> decision;
+    bool policed() const { return lock.owns_lock(); }
   };
-  std::optional<PolicyPass> enter_policy(const uint64_t* ids, size_t n, Touch touch);
+  PolicyPass open_policy_pass();
+  // The policy decides the request (policed passes only): victims erased, admitted rows materialized.
+  void decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch);
+  PolicyPass enter_policy(const uint64_t* ids, size_t n, Touch touch);  // open_policy_pass, then decide
   // The rows this table holds, for a policy without touch metadata; under policy_mutex_.
   HeldRows held_rows() const;
   // update's core behind the policy: drops the gradients of rows the policy does not store.
@@ -439,6 +449,7 @@ class Table {
   mutable std::atomic<bool> has_direct_index_{false};
   mutable std::atomic<uint64_t> materialized_{0};
   mutable std::mutex policy_mutex_;
+  std::shared_mutex unpoliced_mutex_;  // see the header comment
   std::unique_ptr<TablePolicy> policy_;  // under policy_mutex_; null without a policy
   std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
   mutable std::atomic<uint64_t> reads_{0};

@@ -359,6 +359,47 @@ def test_a_million_new_ids_through_a_budget_of_ten_thousand(store_mod):
     assert max(settled) <= 1.1 * min(settled)  # flat: memory follows the budget, not the ids seen
 
 
+@pytest.mark.parametrize("request_kind", ["gather", "update", "write"])
+def test_rows_materialized_while_a_policy_is_set_fall_under_it(store_mod, request_kind):
+    """Requests that began before set_policy and materialize rows while it runs must finish before it
+    adopts the rows held: a row that slipped past would never be evicted and would hold the table over
+    its budget forever."""
+    budget, batch = 300, 200
+    for trial in range(20):
+        store = store_mod.Store()
+        table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, dim=4)))
+        table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.1, weight_decay=0.0))
+        stop, errors = threading.Event(), []
+
+        def new_rows(thread):
+            k = 0
+            try:
+                while not stop.is_set():
+                    ids = (np.arange(batch, dtype=np.uint64) + (k * 2 + thread) * batch) * 7919
+                    if request_kind == "gather":
+                        table.gather(ids)
+                    elif request_kind == "update":
+                        table.update(ids, np.ones((batch, 4), np.float32))
+                    else:
+                        table.write(ids, np.ones((batch, 4), np.float32))
+                    k += 1
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=new_rows, args=(t,)) for t in range(2)]
+        for t in threads:
+            t.start()
+        while table.stats().rows < 2 * batch:
+            pass
+        table.set_policy(max_rows=budget, evict="lru")
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors
+        table.gather(np.arange(budget, dtype=np.uint64) + (1 << 39))  # evicts every row held before
+        assert table.stats().rows == budget, f"trial {trial}: rows outside the policy were never evicted"
+
+
 def test_concurrent_requests_see_no_torn_row_and_counts_agree(store_mod):
     store = store_mod.Store()
     dim = 32
