@@ -233,7 +233,10 @@ def test_torch_save_of_a_remote_table_with_a_policy_round_trips(remote_shards):
     assert bool((held | ~kept).all())
     assert restored["evicted"] == saved["evicted"] + int(held.sum() - kept.sum())
     assert torch.equal(loaded.cpu()[:100][kept], values[:100][kept])
-    ops.emb_read(loaded, torch.arange(60, 75))
+    # Each shard holds 10 rows of the budget of 20, and this table's routing key is random: 10 ids per
+    # request always fit one shard, where 15 would overflow one about one time in eight.
+    for start in (60, 70):
+        ops.emb_read(loaded, torch.arange(start, start + 10))
     assert torch_recdev.table_stats(loaded)["rows"] <= 20
 
 
