@@ -179,6 +179,9 @@ void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::S
                    device::adopt_result(bag_size.contiguous()), device::adopt_result(max_indices.contiguous()));
 }
 
+// Float32 sums a half table's pooled gather rounds at a time (embedding_bag).
+constexpr int64_t kHalfSumsPerRound = 32768;
+
 // A half table's pooled bags, summed in float32, rounded once into `out` (num_bags rows of dim
 // elements of `type`). With bag sizes (mean), each rounded sum is then divided by its bag's size
 // (at least 1) in the half type, as CPU's apply_bag_size does after its float32-accumulated sum:
@@ -276,16 +279,15 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int64_t bags_per_task = table.in_process()
       ? std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()))
       : std::max<int64_t>(1, num_bags);  // table_handle.h, in_process
-  // Bags split over threads; each task sees its bags as a batch of its own (offsets from 0, closed by
-  // an end offset).
-  at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
+  // Pools bags [begin, end) as a batch of their own (offsets from 0, closed by an end offset).
+  const auto pool_bag_range = [&](int64_t begin, int64_t end) {
     const int64_t base = offsets[begin];
     std::vector<int64_t> local(end - begin + 1);
     for (int64_t b = begin; b < end; ++b) {
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
-    // Kept per thread: a fresh megabyte per task would be fresh pages, zeroed by the kernel, every call.
+    // Kept per thread: fresh memory per call would be fresh pages, zeroed by the kernel, every call.
     thread_local std::vector<float> pooled;
     if (half) pooled.resize(std::max(pooled.size(), static_cast<size_t>((end - begin) * dim)));
     float* pooled_data = half ? pooled.data() : static_cast<float*>(out_data) + begin * dim;
@@ -310,6 +312,13 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       round_pooled_bags(out_type, pooled_data, end - begin, dim, mode == 1 ? size_of + begin : nullptr,
                         static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
     }
+  };
+  // Bags split over threads. A half table's task pools a round of bags at a time, so that their
+  // float32 sums (128 KiB) are still in cache when they are rounded into the output: rounding a
+  // whole task's sums afterwards measured 11% of a float16 pooled gather.
+  const int64_t round_bags = half ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
+  at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t first = begin; first < end; first += round_bags) pool_bag_range(first, std::min(end, first + round_bags));
   });
 
   // Shaped as the meta kernel says (torch.compile checks it): unused outside max mode, where it is

@@ -29,9 +29,13 @@ namespace {
 // The build targets baseline x86-64, whose 16-byte vectors left pooling compute-bound: with 64-byte
 // ones a pooled gather of 1M x 128 rows measured 25% faster. Each element gets the same float32
 // operations at every width.
+//
+// Half rows are widened as they are loaded, in registers: widening a row into a buffer and summing
+// the buffer took as long as reading the rows from memory (float16 pooled no faster than float32).
+// Widening is exact, so the sums are those of the widened rows whichever way.
 struct RowSummer {
-  void (*sum)(float* out, const float* const* rows, size_t count, uint32_t dim, bool from_zero);
-  void (*sum_scaled)(float* out, const float* const* rows, const float* weights, size_t count, uint32_t dim,
+  void (*sum)(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero);
+  void (*sum_scaled)(float* out, const void* const* rows, const float* weights, size_t count, uint32_t dim,
                      bool from_zero);
 };
 
@@ -41,12 +45,56 @@ inline float scaled(float weight, float value) {
   return product;
 }
 
+// How a summer reads element e of a row of each element type: a vector of them (load) or one (one).
+// Vectors are GCC vectors of floats, so the widening compiles for the target function it is inlined
+// into (vcvtph2ps with F16C).
+struct FloatElements {
+  template <class Vector>
+  static void load(Vector& to, const void* row, uint32_t e) {
+    std::memcpy(&to, static_cast<const float*>(row) + e, sizeof(Vector));
+  }
+  static float one(const void* row, uint32_t e) { return static_cast<const float*>(row)[e]; }
+};
+
+// Float16 rows need F16C's vcvtph2ps, spelled in asm: GCC scalarizes __builtin_convertvector of
+// _Float16 vectors, and an intrinsic cannot be inlined into a template compiled without the target
+// (the summers that instantiate this one all have F16C).
+struct Float16Elements {
+  template <class Vector>
+  static void load(Vector& to, const void* row, uint32_t e) {
+    struct Halves {
+      uint16_t lanes[sizeof(Vector) / sizeof(float)];
+    };
+    const auto& halves = *reinterpret_cast<const Halves*>(static_cast<const uint16_t*>(row) + e);
+    if constexpr (sizeof(Vector) == 32) {
+      asm("vcvtph2ps %1, %t0" : "=x"(to) : "m"(halves));
+    } else {
+      static_assert(sizeof(Vector) == 64, "float16 rows are summed 8 or 16 lanes at a time");
+      asm("vcvtph2ps %1, %g0" : "=v"(to) : "m"(halves));
+    }
+  }
+  static float one(const void* row, uint32_t e) { return half_to_float(static_cast<const uint16_t*>(row)[e]); }
+};
+
+struct BFloat16Elements {
+  template <class Vector>
+  static void load(Vector& to, const void* row, uint32_t e) {
+    constexpr size_t kLanes = sizeof(Vector) / sizeof(float);
+    uint16_t halves[kLanes];
+    uint32_t bits[kLanes];
+    std::memcpy(halves, static_cast<const uint16_t*>(row) + e, sizeof(halves));
+    for (size_t lane = 0; lane < kLanes; ++lane) bits[lane] = uint32_t{halves[lane]} << 16;
+    std::memcpy(&to, bits, sizeof(to));
+  }
+  static float one(const void* row, uint32_t e) { return bfloat16_to_float(static_cast<const uint16_t*>(row)[e]); }
+};
+
 // Sums columns [d, d + kRegisters * width) of the rows into out, kRegisters vectors of sums that stay
 // in registers across the rows (the loops are unrolled for that: as an array the sums would live on
 // the stack). Vector is a GCC vector of floats, compiled for the instruction set of the target
 // function this is inlined into.
-template <class Vector, size_t kRegisters, bool kScaled>
-__attribute__((always_inline)) inline void sum_columns(float* out, const float* const* rows, const float* weights,
+template <class Vector, class Elements, size_t kRegisters, bool kScaled>
+__attribute__((always_inline)) inline void sum_columns(float* out, const void* const* rows, const float* weights,
                                                        size_t count, uint32_t d, bool from_zero) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   Vector sums[kRegisters];
@@ -59,11 +107,10 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const float* 
     }
   }
   for (size_t k = 0; k < count; ++k) {
-    const float* row = rows[k] + d;
 #pragma GCC unroll 16
     for (size_t r = 0; r < kRegisters; ++r) {
       Vector add;
-      std::memcpy(&add, row + r * kWidth, sizeof(add));
+      Elements::load(add, rows[k], d + r * kWidth);
       if constexpr (kScaled) {
         add *= weights[k];
         asm("" : "+v"(add));
@@ -77,85 +124,99 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const float* 
 
 // One body for every vector width: blocks of 8 vectors of columns, then of 4, 2 and 1 (a row of 64
 // floats is 4 AVX-512 vectors, not 64 single floats), then the last columns one at a time.
-template <class Vector, bool kScaled>
-__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const float* const* rows,
+template <class Vector, class Elements, bool kScaled>
+__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const void* const* rows,
                                                             const float* weights, size_t count, uint32_t dim,
                                                             bool from_zero) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   uint32_t d = 0;
-  for (; d + 8 * kWidth <= dim; d += 8 * kWidth) sum_columns<Vector, 8, kScaled>(out, rows, weights, count, d, from_zero);
+  for (; d + 8 * kWidth <= dim; d += 8 * kWidth) {
+    sum_columns<Vector, Elements, 8, kScaled>(out, rows, weights, count, d, from_zero);
+  }
   if (d + 4 * kWidth <= dim) {
-    sum_columns<Vector, 4, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, 4, kScaled>(out, rows, weights, count, d, from_zero);
     d += 4 * kWidth;
   }
   if (d + 2 * kWidth <= dim) {
-    sum_columns<Vector, 2, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, 2, kScaled>(out, rows, weights, count, d, from_zero);
     d += 2 * kWidth;
   }
   if (d + kWidth <= dim) {
-    sum_columns<Vector, 1, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, 1, kScaled>(out, rows, weights, count, d, from_zero);
     d += kWidth;
   }
   for (; d < dim; ++d) {
     float sum = from_zero ? 0.0f : out[d];
-    for (size_t k = 0; k < count; ++k) sum += kScaled ? scaled(weights[k], rows[k][d]) : rows[k][d];
+    for (size_t k = 0; k < count; ++k) {
+      const float value = Elements::one(rows[k], d);
+      sum += kScaled ? scaled(weights[k], value) : value;
+    }
     out[d] = sum;
   }
 }
 
-// 16-byte vectors: the baseline x86-64 build's own width.
-using Floats4 = float __attribute__((vector_size(16)));
+// A summer's two entry points for one vector width and element type, each compiled for `target`.
+#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                          \
+  target void name##_sum(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero) {        \
+    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                         \
+  }                                                                                                                \
+  target void name##_sum_scaled(float* out, const void* const* rows, const float* weights, size_t count,           \
+                                uint32_t dim, bool from_zero) {                                                    \
+    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                          \
+  }                                                                                                                \
+  constexpr RowSummer name{&name##_sum, &name##_sum_scaled};
 
-void sum_rows_portable(float* out, const float* const* rows, size_t count, uint32_t dim, bool from_zero) {
-  sum_rows_vectors<Floats4, false>(out, rows, nullptr, count, dim, from_zero);
-}
-void sum_scaled_rows_portable(float* out, const float* const* rows, const float* weights, size_t count, uint32_t dim,
-                              bool from_zero) {
-  sum_rows_vectors<Floats4, true>(out, rows, weights, count, dim, from_zero);
-}
+// 16-byte vectors: the baseline x86-64 build's own width. Without F16C a float16 element widens in
+// software, so baseline float16 rows are widened into a buffer first (FloatRows).
+using Floats4 = float __attribute__((vector_size(16)));
+RECDEV_ROW_SUMMER(float32_portable, , Floats4, FloatElements)
+RECDEV_ROW_SUMMER(bfloat16_portable, , Floats4, BFloat16Elements)
 
 #ifdef RECDEV_STORE_AVX2_KERNELS
 using Floats8 = float __attribute__((vector_size(32)));
 using Floats16 = float __attribute__((vector_size(64)));
-
-__attribute__((target("avx2"))) void sum_rows_avx2(float* out, const float* const* rows, size_t count, uint32_t dim,
-                                                   bool from_zero) {
-  sum_rows_vectors<Floats8, false>(out, rows, nullptr, count, dim, from_zero);
-}
-__attribute__((target("avx2"))) void sum_scaled_rows_avx2(float* out, const float* const* rows, const float* weights,
-                                                          size_t count, uint32_t dim, bool from_zero) {
-  sum_rows_vectors<Floats8, true>(out, rows, weights, count, dim, from_zero);
-}
-__attribute__((target("avx512f"))) void sum_rows_avx512(float* out, const float* const* rows, size_t count,
-                                                        uint32_t dim, bool from_zero) {
-  sum_rows_vectors<Floats16, false>(out, rows, nullptr, count, dim, from_zero);
-}
-__attribute__((target("avx512f"))) void sum_scaled_rows_avx512(float* out, const float* const* rows,
-                                                               const float* weights, size_t count, uint32_t dim,
-                                                               bool from_zero) {
-  sum_rows_vectors<Floats16, true>(out, rows, weights, count, dim, from_zero);
-}
+RECDEV_ROW_SUMMER(float32_avx2, __attribute__((target("avx2"))), Floats8, FloatElements)
+RECDEV_ROW_SUMMER(float16_avx2, __attribute__((target("avx2,f16c"))), Floats8, Float16Elements)
+RECDEV_ROW_SUMMER(bfloat16_avx2, __attribute__((target("avx2"))), Floats8, BFloat16Elements)
+RECDEV_ROW_SUMMER(float32_avx512, __attribute__((target("avx512f"))), Floats16, FloatElements)
+RECDEV_ROW_SUMMER(float16_avx512, __attribute__((target("avx512f,f16c"))), Floats16, Float16Elements)
+RECDEV_ROW_SUMMER(bfloat16_avx512, __attribute__((target("avx512f"))), Floats16, BFloat16Elements)
 #endif
+#undef RECDEV_ROW_SUMMER
 
-RowSummer best_row_summer() {
+// The fastest summer of rows of `type` this CPU runs, or none (float16 without F16C).
+const RowSummer* best_row_summer(ElementType type) {
 #ifdef RECDEV_STORE_AVX2_KERNELS
-  if (cpu_has_avx512f()) return {&sum_rows_avx512, &sum_scaled_rows_avx512};
-  if (cpu_has_avx2()) return {&sum_rows_avx2, &sum_scaled_rows_avx2};
+  const bool avx512 = cpu_has_avx512f();
+  switch (type) {
+    case ElementType::Float32: return avx512 ? &float32_avx512 : cpu_has_avx2() ? &float32_avx2 : &float32_portable;
+    case ElementType::Float16:
+      return avx512 && cpu_has_avx2_f16c() ? &float16_avx512 : cpu_has_avx2_f16c() ? &float16_avx2 : nullptr;
+    case ElementType::BFloat16:
+      return avx512 ? &bfloat16_avx512 : cpu_has_avx2() ? &bfloat16_avx2 : &bfloat16_portable;
+    default: return nullptr;
+  }
+#else
+  switch (type) {
+    case ElementType::Float32: return &float32_portable;
+    case ElementType::BFloat16: return &bfloat16_portable;
+    default: return nullptr;
+  }
 #endif
-  return {&sum_rows_portable, &sum_scaled_rows_portable};
 }
 
 // Rows go to the summer kGroup at a time: a bag of any size in a fixed buffer.
 constexpr size_t kGroup = 32;
 
 // The rows of a bag as float32: a float32 row as it is, a half row widened into `widened` (kGroup
-// rows of dim floats, 16 KiB at dim 128: it stays in L1 while the summer reads it back).
+// rows of dim floats, 16 KiB at dim 128: it stays in L1 while the summer reads it back), or as it is
+// when `widened` is null (a summer that widens as it loads).
 struct FloatRows {
   ElementType type;
   uint32_t dim;
-  float* widened;  // null for Float32
+  float* widened;
 
-  const float* take(const float* row, size_t slot) const {
+  const void* take(const float* row, size_t slot) const {
     if (widened == nullptr) return row;
     float* wide = widened + slot * dim;
     widen_to_float(type, row, wide, dim);
@@ -164,12 +225,11 @@ struct FloatRows {
 };
 
 // Sums every non-skipped row of a bag into out (which it overwrites), scaled by its per-sample
-// weight when there is one, and returns how many rows it took.
-size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const FloatRows& as_float,
-               float* out) {
-  static const RowSummer summer = best_row_summer();
-  const uint32_t dim = as_float.dim;
-  const float* group[kGroup];
+// weight when there is one, and returns how many rows it took: each row as `as_summed` takes it.
+size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const RowSummer& summer,
+               const FloatRows& as_summed, float* out) {
+  const uint32_t dim = as_summed.dim;
+  const void* group[kGroup];
   float weights[kGroup];
   size_t grouped = 0;
   size_t count = 0;
@@ -183,7 +243,7 @@ size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& r
   };
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    group[grouped] = as_float.take(rows.next(), grouped);
+    group[grouped] = as_summed.take(rows.next(), grouped);
     if (bag.per_sample_weights != nullptr) weights[grouped] = bag.per_sample_weights[position];
     ++grouped;
     ++count;
@@ -203,7 +263,7 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& row
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const float* row = as_float.take(rows.next(), 0);
+    const auto* row = static_cast<const float*>(as_float.take(rows.next(), 0));
     for (uint32_t d = 0; d < dim; ++d) {
       const bool take = ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d])
                                    : first || row[d] > out[d];
@@ -249,8 +309,14 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
 
 void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
                uint32_t dim, float* out, int64_t* max_positions) {
-  std::vector<float> widened(type == ElementType::Float32 ? 0 : kGroup * size_t{dim});
-  const FloatRows as_float{type, dim, widened.empty() ? nullptr : widened.data()};
+  // Rows of `type` summed as they are, or widened first where this CPU has no summer for them; the
+  // maximum of half rows always compares them widened.
+  const RowSummer* direct = best_row_summer(type);
+  const RowSummer& summer = direct != nullptr ? *direct : *best_row_summer(ElementType::Float32);
+  const bool widens = type != ElementType::Float32 && (bag.mode == PoolingMode::Max || direct == nullptr);
+  std::vector<float> widened(widens ? kGroup * size_t{dim} : 0);
+  const FloatRows as_float{type, dim, widens ? widened.data() : nullptr};
+  const FloatRows as_summed{type, dim, direct != nullptr ? nullptr : as_float.widened};
   for (size_t b = first_bag; b < end_bag; ++b) {
     float* bag_out = out + b * dim;
     int64_t* bag_positions = max_positions != nullptr ? max_positions + b * dim : nullptr;
@@ -263,7 +329,7 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
       max_bag(bag, begin, end, rows, as_float, bag_out, bag_positions, ignore_nan);
       continue;
     }
-    const size_t count = sum_bag(bag, begin, end, rows, as_float, bag_out);
+    const size_t count = sum_bag(bag, begin, end, rows, summer, as_summed, bag_out);
     if (bag.mode == PoolingMode::Mean && count > 0) {
       for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
     }

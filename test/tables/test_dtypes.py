@@ -208,6 +208,50 @@ def test_embedding_bag_matches_cpu(dtype, mode):
     assert torch.equal(actual.cpu(), expected)
 
 
+def pooled_in_float32(rows, ids, sizes, dtype, mode, weights=None):
+    """Each bag's rows (and weights) widened, added in float32 in bag order and rounded once; mean
+    then divides the rounded sum by the bag's size rounded to dtype, as CPU's apply_bag_size does."""
+    out, begin = [], 0
+    for size in sizes.tolist():
+        acc = torch.zeros(rows.shape[1])
+        for position in range(begin, begin + size):
+            row = rows[ids[position]].float()
+            acc = acc + (weights[position].float() * row if weights is not None else row)
+        pooled = acc.to(dtype)
+        if mode == "mean" and size > 0:
+            pooled = (pooled.float() / torch.tensor(float(size)).to(dtype).float()).to(dtype)
+        out.append(pooled)
+        begin += size
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dim", [2, 8, 14, 16, 18, 40, 64, 100, 128, 130, 300])
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted sum"])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_half_sums_are_float32_sums_rounded_once_at_every_width(store_backend, dtype, mode, dim):
+    # The embedded store widens half rows as it loads them, with the CPU's vector instructions where
+    # it has them, 8 or 16 columns at a time, then blocks of fewer, then one by one; bags of more
+    # than 32 rows go to the summer in groups. Every width and group boundary must give the float32
+    # sums of the widened rows in bag order, rounded once. CPU's float16 embedding_bag gives the same;
+    # its bfloat16 one rounds some sums otherwise, and pools the rows gathered from shards.
+    weight, init = table_of(dtype, rows=200, dim=dim)
+    gen = torch.Generator().manual_seed(dim)
+    sizes = torch.cat([torch.randint(0, 9, (40,), generator=gen), torch.tensor([32, 33, 70])])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]])
+    ids = torch.randint(0, 200, (int(sizes.sum()),), generator=gen)
+    kwargs = dict(mode="mean" if mode == "mean" else "sum")
+    if mode == "weighted sum":
+        kwargs["per_sample_weights"] = torch.randn(ids.numel(), generator=gen).to(dtype)
+    with torch.no_grad():
+        actual = F.embedding_bag(ids.to("recdev"), weight, offsets.to("recdev"),
+                                 **{k: (v.to("recdev") if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+    on_cpu = F.embedding_bag(ids, init, offsets, **kwargs)
+    expected = pooled_in_float32(init, ids, sizes, dtype, kwargs["mode"], kwargs.get("per_sample_weights"))
+    if dtype == torch.float16:
+        assert torch.equal(on_cpu, expected)
+    assert torch.equal(actual.cpu(), expected if store_backend == "embedded" else on_cpu)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_embedding_bag_trains_a_half_table(dtype):
     weight, init = table_of(dtype)
