@@ -6,6 +6,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define RECDEV_STORE_AVX2_KERNELS 1
 #define RECDEV_STORE_AVX2_FMA __attribute__((target("avx2,fma")))
+#define RECDEV_STORE_AVX2_FMA_F16C __attribute__((target("avx2,fma,f16c")))
 
 namespace recdev::store {
 
@@ -22,6 +23,11 @@ inline bool cpu_has_avx2() {
 // Float16 <-> float32 conversion 8 at a time (every AVX2 CPU made has it, but it is its own flag).
 inline bool cpu_has_avx2_f16c() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+inline bool cpu_has_avx2_fma_f16c() {
+  static const bool has = cpu_has_avx2_fma() && __builtin_cpu_supports("f16c");
   return has;
 }
 

@@ -121,43 +121,100 @@ RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const f
   return d;
 }
 
-// RowWiseAdagrad's rule (see RowUpdate::apply) on a float32 row, 4 doubles per vector. The same
-// double operations per element as the scalar rule, and each weight rounded once; only the mean
-// square sums in 8 lanes instead of one running sum, which may move a double's last bits, far below
-// the float32 rounding of the accumulator. One running sum is a chain of dim dependent adds: at dim
-// 128 it was the largest single cost of a RowWiseAdagrad training step.
-RECDEV_STORE_AVX2_FMA void rowwise_adagrad_avx2(float* weight, float* state, const float* grad, uint32_t dim,
-                                               double lr, double weight_decay, double eps) {
+// How the vector rules read and write a row's weights stored as float32, float16 or bfloat16: widened
+// exactly as they are loaded, rounded to nearest even as they are stored (what widen_to_float and
+// narrow_from_float do), four at a time (load4, store4) or one (load1, store1).
+struct Float32Weights {
+  using Element = float;
+  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const float* row) { return _mm_loadu_ps(row); }
+  RECDEV_STORE_AVX2_FMA_F16C static void store4(float* row, __m128 values) { _mm_storeu_ps(row, values); }
+  static float load1(const float* row) { return *row; }
+  static void store1(float* row, float value) { *row = value; }
+};
+
+struct Float16Weights {
+  using Element = uint16_t;
+  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
+    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
+  }
+  RECDEV_STORE_AVX2_FMA_F16C static void store4(uint16_t* row, __m128 values) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(row), _mm_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static float load1(const uint16_t* row) { return half_to_float(*row); }
+  static void store1(uint16_t* row, float value) { *row = float_to_half(value); }
+};
+
+struct BFloat16Weights {
+  using Element = uint16_t;
+  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
+    const __m128i halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
+    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(halves), 16));
+  }
+  // float_to_bfloat16, four lanes at a time: nan becomes a quiet nan, anything else rounds to nearest even.
+  RECDEV_STORE_AVX2_FMA_F16C static void store4(uint16_t* row, __m128 values) {
+    const __m128i bits = _mm_castps_si128(values);
+    const __m128i odd = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
+    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(bits, _mm_add_epi32(_mm_set1_epi32(0x7FFF), odd)), 16);
+    const __m128i quiet = _mm_or_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(0x40));
+    const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(bits, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
+    const __m128i narrowed = _mm_blendv_epi8(rounded, quiet, nan);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(row), _mm_packus_epi32(narrowed, narrowed));
+  }
+  static float load1(const uint16_t* row) { return bfloat16_to_float(*row); }
+  static void store1(uint16_t* row, float value) { *row = float_to_bfloat16(value); }
+};
+
+// RowWiseAdagrad's rule (see RowUpdate::apply) on a row of Weights, 4 doubles per vector. The same
+// double operations per element as the scalar rule, and each weight rounded once to float32 (and a
+// half row's then to its type, as the widened row's update would be); only the mean square sums in 8
+// lanes instead of one running sum, which may move a double's last bits, far below the float32
+// rounding of the accumulator. One running sum is a chain of dim dependent adds: at dim 128 it was
+// the largest single cost of a RowWiseAdagrad training step. Half rows are widened and rounded in
+// registers: widening into a buffer and rounding it back made a float16 table's step no faster than
+// a float32 one's.
+template <class Weights>
+RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* weight, float* state,
+                                                     const float* grad, uint32_t dim, double lr, double weight_decay,
+                                                     double eps) {
   const __m256d decay = _mm256_set1_pd(weight_decay);
-  __m256d sums[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+  // Two sums, each in a register of its own: as an array indexed in a loop they lived on the stack,
+  // every add waiting on the store of the one before.
+  __m256d low = _mm256_setzero_pd();
+  __m256d high = _mm256_setzero_pd();
   uint32_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    for (int half = 0; half < 2; ++half) {
-      const __m256d g = _mm256_cvtps_pd(_mm_loadu_ps(grad + d + 4 * half));
-      __m256d decayed = _mm256_mul_pd(decay, _mm256_cvtps_pd(_mm_loadu_ps(weight + d + 4 * half)));
-      // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
-      asm("" : "+x"(decayed));
-      const __m256d decayed_grad = _mm256_add_pd(g, decayed);
-      __m256d square = _mm256_mul_pd(decayed_grad, decayed_grad);
-      asm("" : "+x"(square));
-      sums[half] = _mm256_add_pd(sums[half], square);
-    }
+    __m256d decayed_low = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d)));
+    __m256d decayed_high = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d + 4)));
+    // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
+    asm("" : "+x"(decayed_low), "+x"(decayed_high));
+    const __m256d grad_low = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d)), decayed_low);
+    const __m256d grad_high = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d + 4)), decayed_high);
+    __m256d square_low = _mm256_mul_pd(grad_low, grad_low);
+    __m256d square_high = _mm256_mul_pd(grad_high, grad_high);
+    asm("" : "+x"(square_low), "+x"(square_high));
+    low = _mm256_add_pd(low, square_low);
+    high = _mm256_add_pd(high, square_high);
   }
   double lanes[4];
-  _mm256_storeu_pd(lanes, _mm256_add_pd(sums[0], sums[1]));
-  const double sum_square =
-      rowwise_square_sum(weight, grad, d, dim, weight_decay, (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]));
+  _mm256_storeu_pd(lanes, _mm256_add_pd(low, high));
+  double sum_square = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (uint32_t rest = d; rest < dim; ++rest) {
+    const double g = double(grad[rest]) + weight_decay * double(Weights::load1(weight + rest));
+    sum_square += g * g;
+  }
   const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr, weight_decay, eps);
   const __m256d scale = _mm256_set1_pd(correction);
   const __m256d step = _mm256_set1_pd(multiplier);
   d = 0;
   for (; d + 4 <= dim; d += 4) {
-    __m256d kept = _mm256_mul_pd(scale, _mm256_cvtps_pd(_mm_loadu_ps(weight + d)));
+    __m256d kept = _mm256_mul_pd(scale, _mm256_cvtps_pd(Weights::load4(weight + d)));
     __m256d moved = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d)), step);
     asm("" : "+x"(kept), "+x"(moved));
-    _mm_storeu_ps(weight + d, _mm256_cvtpd_ps(_mm256_sub_pd(kept, moved)));
+    Weights::store4(weight + d, _mm256_cvtpd_ps(_mm256_sub_pd(kept, moved)));
   }
-  for (; d < dim; ++d) weight[d] = float(correction * double(weight[d]) - double(grad[d]) * multiplier);
+  for (; d < dim; ++d) {
+    Weights::store1(weight + d, float(correction * double(Weights::load1(weight + d)) - double(grad[d]) * multiplier));
+  }
 }
 #endif
 
@@ -307,13 +364,30 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
   if (kind_ == OptimizerKind::Adagrad && cpu_has_avx2_fma()) {
     done = adagrad_avx2(weight, state, grad, dim_, weight_decay_f_, eps_f_, neg_clr_f_);
   }
-  if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma()) {
-    rowwise_adagrad_avx2(weight, state, grad, dim_, lr_, weight_decay_, eps_);
+  if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
+    rowwise_adagrad_avx2<Float32Weights>(weight, state, grad, dim_, lr_, weight_decay_, eps_);
     return;
   }
 #endif
   apply_scalar<float>(weight, state, grad, done, lr_f_, weight_decay_f_, eps_f_, neg_clr_f_, one_minus_beta1_,
                       one_minus_beta2_, neg_step_size_f_);
+}
+
+void RowUpdate::apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
+#ifdef RECDEV_STORE_AVX2_KERNELS
+  if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
+    auto* halves = static_cast<uint16_t*>(weight);
+    if (type == ElementType::Float16) {
+      rowwise_adagrad_avx2<Float16Weights>(halves, state, grad, dim_, lr_, weight_decay_, eps_);
+    } else {
+      rowwise_adagrad_avx2<BFloat16Weights>(halves, state, grad, dim_, lr_, weight_decay_, eps_);
+    }
+    return;
+  }
+#endif
+  widen_to_float(type, weight, scratch, dim_);
+  apply(scratch, state, grad);
+  narrow_from_float(type, scratch, weight, dim_);
 }
 
 void RowUpdate::apply(double* weight, double* state, const double* grad) const {

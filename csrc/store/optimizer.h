@@ -54,6 +54,8 @@
 #include <cstdint>
 #include <string>
 
+#include "element_type.h"
+
 namespace recdev::store {
 
 // Numeric values are stored in checkpoint files: never renumber, only append.
@@ -108,6 +110,9 @@ class RowUpdate {
   // The same rule in float64, for float64 tables: every scalar and every operation in double (torch's
   // float64 optimizers), the state in double too.
   void apply(double* weight, double* state, const double* grad) const;
+  // A Float16 or BFloat16 row: widened, updated as apply(float*) updates it, each weight rounded once
+  // to nearest even. scratch: dim floats the rule may use for the widened row.
+  void apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const;
   bool stochastic_rounding() const { return stochastic_rounding_; }
   // The key of the rounding bits of row_id in this update (with stochastic_rounding()).
   uint64_t rounding_key(uint64_t row_id) const { return store::rounding_key(rounding_seed_, row_id, step_); }

@@ -1066,7 +1066,7 @@ void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradi
   const size_t record_bytes = size_t{record_floats_} * sizeof(float);
   const size_t grad_bytes = size_t{elements_} * sizeof(T);
   const size_t state_words = record_floats_ - dim_;
-  // Half rows are widened to float32, updated with their float32 state in place and rounded once;
+  // Half rows are updated in float32 with their float32 state in place and rounded once;
   // float64 records are copied out and back (a record's words need not be 8-byte aligned for a
   // double's access rules).
   std::vector<T> weight(dtype_ == ElementType::Float32 ? 0 : elements_);
@@ -1085,12 +1085,12 @@ void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradi
         } else if (dtype_ == ElementType::Float32) {
           rule.apply(record, record + dim_, rows[k].grad);
         } else {
-          widen_to_float(dtype_, record, weight.data(), elements_);
-          rule.apply(weight.data(), record + dim_, rows[k].grad);
           if (rule.stochastic_rounding()) {
+            widen_to_float(dtype_, record, weight.data(), elements_);
+            rule.apply(weight.data(), record + dim_, rows[k].grad);
             narrow_stochastic(dtype_, weight.data(), record, elements_, rule.rounding_key(rows[k].id));
           } else {
-            narrow_from_float(dtype_, weight.data(), record, elements_);
+            rule.apply_half(dtype_, record, record + dim_, rows[k].grad, weight.data());
           }
         }
       });

@@ -125,6 +125,79 @@ def test_fifty_steps_match_the_reference(dtype, kind):
                        init[TOUCHED:].view(torch.int16 if dtype in HALF else torch.int64))
 
 
+def rowwise_square_sums(squares, lanes):
+    """Each row's sum of squares (float64), in the order the store adds them: with lanes, as its AVX2
+    kernel does (blocks of 8 columns into two 4-lane sums, the lanes added pairwise, then the last
+    columns one by one); without, one running sum."""
+    dim = squares.shape[1]
+    if not lanes:
+        total = torch.zeros(squares.shape[0], dtype=torch.float64)
+        for d in range(dim):
+            total = total + squares[:, d]
+        return total
+    blocks = dim // 8 * 8
+    low = torch.zeros(squares.shape[0], 4, dtype=torch.float64)
+    high = torch.zeros_like(low)
+    for d in range(0, blocks, 8):
+        low, high = low + squares[:, d:d + 4], high + squares[:, d + 4:d + 8]
+    lane = low + high
+    total = (lane[:, 0] + lane[:, 1]) + (lane[:, 2] + lane[:, 3])
+    for d in range(blocks, dim):
+        total = total + squares[:, d]
+    return total
+
+
+@pytest.mark.parametrize("dim", [8, 20, 128])
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_rowwise_adagrad_on_half_rows_rounds_the_float32_update_once(dtype, dim):
+    # The store updates half rows in registers (widened, the rule's double arithmetic, each weight
+    # rounded to float32 and then once to the half type, to nearest even). This is that rule written
+    # out, bit for bit: the tolerance of test_fifty_steps_match_the_reference would hide a wrong
+    # rounding of the last bit.
+    lr, eps, decay = 0.05, 1e-10, 0.01
+    weight, init = table_of(dtype, dim=dim)
+    optimizer = rd_optim.RowWiseAdagrad([weight], lr=lr, eps=eps, weight_decay=decay)
+    rows, accumulators = init.clone(), torch.zeros(ROWS, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(dim)
+    for _ in range(10):
+        ids = torch.randperm(TOUCHED, generator=gen)[:12]
+        grads = torch.randn(12, dim, generator=gen).to(dtype)
+        optimizer.zero_grad()
+        (F.embedding(ids.to("recdev"), weight) * grads.to("recdev")).sum().backward()
+        optimizer.step()
+        w, g = rows[ids].double(), grads.double()
+        squares = (g + decay * w) ** 2
+        candidates = []
+        for lanes in (True, False):  # the AVX2 kernel's order, or the portable one's
+            accumulator = accumulators[ids].double() + rowwise_square_sums(squares, lanes) / dim
+            multiplier = (lr / (accumulator.sqrt() + eps)).unsqueeze(1)
+            correction = 1.0 - multiplier * decay
+            candidates.append(((correction * w - g * multiplier).float().to(dtype), accumulator.float()))
+        actual = read(weight)[ids]
+        new_rows, new_accumulators = next((c for c in candidates if torch.equal(actual, c[0])), candidates[0])
+        assert torch.equal(actual.view(torch.int16), new_rows.view(torch.int16))
+        rows[ids], accumulators[ids] = new_rows, new_accumulators
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_rowwise_adagrad_on_half_rows_rounds_ties_to_even(dtype):
+    # A row [2^-k, 0, 0, 0] with gradient [2, 0, 0, 0], lr 0.5 and eps 0: the accumulator is 4 / 4 = 1,
+    # so the first weight becomes 2^-k - 1 exactly, which is halfway between two neighbours of the half
+    # type (k = 9 for bfloat16's 7 fraction bits, 12 for float16's 10): to nearest even it is -1.0.
+    # Random updates almost never meet a tie.
+    k = 9 if dtype == torch.bfloat16 else 12
+    with torch_recdev.placement("table"):
+        weight = torch.empty(4, 4, dtype=dtype, device="recdev")
+    with torch.no_grad():
+        weight.copy_(torch.tensor([[2.0**-k, 0, 0, 0]] * 4).to(dtype))
+    weight.requires_grad_()
+    optimizer = rd_optim.RowWiseAdagrad([weight], lr=0.5, eps=0.0)
+    (F.embedding(torch.tensor([1]).to("recdev"), weight) * torch.tensor([[2.0, 0, 0, 0]]).to(dtype).to("recdev")).sum().backward()
+    optimizer.step()
+    assert read(weight)[1].tolist() == [-1.0, 0.0, 0.0, 0.0]
+    assert read(weight)[0].tolist() == [2.0**-k, 0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("dtype", HALF, ids=str)
