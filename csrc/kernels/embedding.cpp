@@ -302,7 +302,8 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     for (int64_t b = begin; b < end; ++b) {
       int64_t count = 0;
-      for (int64_t i = offsets[b]; i < bag_end(b); ++i) {
+      const int64_t stop = bag_end(b);  // once: bag_of may alias offsets, as far as the compiler knows
+      for (int64_t i = offsets[b]; i < stop; ++i) {
         bag_of[i] = b;
         count += static_cast<int64_t>(rows[i]) != padding_row;
       }

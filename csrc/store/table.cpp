@@ -556,9 +556,14 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
     const size_t begin = bag.bag_begin(first_bag);
     size_t end_bag = first_bag + 1;
     while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kLockedBlockIds) ++end_bag;
-    block_ids.clear();
-    for (size_t position = begin; position < bag.bag_end(end_bag - 1); ++position) {
-      if (!bag.skips(position)) block_ids.push_back(ids[position]);
+    const size_t end = bag.bag_end(end_bag - 1);
+    if (padding_idx < 0) {
+      block_ids.assign(ids + begin, ids + end);
+    } else {
+      block_ids.clear();
+      for (size_t position = begin; position < end; ++position) {
+        if (!bag.skips(position)) block_ids.push_back(ids[position]);
+      }
     }
     const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
     found.unlock();  // the fallback below may materialize
