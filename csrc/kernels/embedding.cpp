@@ -183,17 +183,26 @@ void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::S
 constexpr int64_t kHalfSumsPerRound = 32768;
 
 // A half table's pooled bags, summed in float32, rounded once into `out` (num_bags rows of dim
-// elements of `type`). With bag sizes (mean), each rounded sum is then divided by its bag's size
-// (at least 1) in the half type, as CPU's apply_bag_size does after its float32-accumulated sum:
-// size and sum rounded to the type, divided in float32, rounded again.
+// elements of `type`) as CPU's kernel rounds them: to nearest even, but bfloat16 sums with ties away
+// from zero where CPU pools with fbgemm (ties_away: no padding_idx; with one, CPU takes its own loop).
+// With bag sizes (mean), each rounded sum is then divided by its bag's size (at least 1) in the half
+// type, as CPU's apply_bag_size does after its float32-accumulated sum: size and sum rounded to the
+// type, divided in float32, rounded again (to nearest even).
 void round_pooled_bags(store::ElementType type, float* sums, int64_t num_bags, int64_t dim, const int64_t* bag_sizes,
-                       std::byte* out) {
+                       bool ties_away, std::byte* out) {
   const size_t count = static_cast<size_t>(num_bags * dim);
+  if (type == store::ElementType::BFloat16 && ties_away) {
+    store::round_through_bfloat16_ties_away(sums, count);  // then exact, unless divided below
+  } else if (bag_sizes == nullptr) {
+    store::narrow_from_float(type, sums, out, count);
+    return;
+  } else {
+    store::round_through(type, sums, count);
+  }
   if (bag_sizes == nullptr) {
     store::narrow_from_float(type, sums, out, count);
     return;
   }
-  store::round_through(type, sums, count);
   for (int64_t b = 0; b < num_bags; ++b) {
     float divisor = static_cast<float>(std::max<int64_t>(bag_sizes[b], 1));
     store::round_through(type, &divisor, 1);
@@ -311,7 +320,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     if (half) {
       round_pooled_bags(out_type, pooled_data, end - begin, dim, mode == 1 ? size_of + begin : nullptr,
-                        static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
+                        /*ties_away=*/padding_idx < 0, static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
     }
   };
   // Bags split over threads. A half table's task pools a round of bags at a time, so that their

@@ -187,6 +187,16 @@ void round_through(ElementType type, float* values, size_t count) {
   }
 }
 
+void round_through_bfloat16_ties_away(float* values, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) continue;  // nan
+    bits = (bits + 0x8000u) & 0xFFFF0000u;
+    std::memcpy(&values[i], &bits, sizeof(bits));
+  }
+}
+
 namespace {
 
 uint64_t mix_bits(uint64_t x) {

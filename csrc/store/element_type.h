@@ -91,6 +91,10 @@ void narrow_from_float(ElementType type, const float* src, void* out, size_t cou
 // count float32 values replaced by their value rounded into `type` (Float16, BFloat16; Float32
 // leaves them): what a float32 value becomes when it is sent as an element of `type` and widened.
 void round_through(ElementType type, float* values, size_t count);
+// count float32 values replaced by their value rounded to bfloat16 with ties away from zero (nan
+// stays nan): how fbgemm, and so CPU's embedding_bag, rounds pooled bfloat16 sums. Sums of a few
+// bfloat16 rows meet ties often, so to nearest even they would differ from CPU's.
+void round_through_bfloat16_ties_away(float* values, size_t count);
 // count float32 values rounded stochastically into elements of `type` at out (Float16, BFloat16):
 // each value becomes the upper of the two values of `type` around it with probability
 // (x - lower) / (upper - lower), else the lower (values exactly representable, non-finite, or past
