@@ -285,9 +285,14 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Ids past the last bag (include_last_offset) belong to none; CPU leaves them to the last.
   const int64_t pooled_ids = num_bags > 0 ? bag_end(num_bags - 1) : 0;
   std::fill(bag_of + pooled_ids, bag_of + rows.size(), std::max<int64_t>(num_bags - 1, 0));
-  const int64_t bags_per_task = table.in_process()
-      ? std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()))
-      : std::max<int64_t>(1, num_bags);  // table_handle.h, in_process
+  // One request for the whole batch to a remote table (table_handle.h, in_process), and to a table
+  // with a policy, whose store decides each request's touches once (and spreads the pooling over
+  // threads itself): the backward's update of the same ids is then seen as a repeat of the lookup
+  // (table_policy.h) instead of another pass over every id.
+  const bool one_request = !table.in_process() || table.policy().active();
+  const int64_t bags_per_task = one_request
+      ? std::max<int64_t>(1, num_bags)
+      : std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()));
   // Pools bags [begin, end) as a batch of their own (offsets from 0, closed by an end offset).
   const auto pool_bag_range = [&](int64_t begin, int64_t end) {
     const int64_t base = offsets[begin];
@@ -326,7 +331,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Bags split over threads. A half table's task pools a round of bags at a time, so that their
   // float32 sums (128 KiB) are still in cache when they are rounded into the output: rounding a
   // whole task's sums afterwards measured 11% of a float16 pooled gather.
-  const int64_t round_bags = half ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
+  const int64_t round_bags = half && !one_request ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
   at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
     for (int64_t first = begin; first < end; first += round_bags) pool_bag_range(first, std::min(end, first + round_bags));
   });

@@ -102,8 +102,11 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   float* dst = static_cast<float*>(device::cpu_view(out).data_ptr());
   const size_t words = table.dim();
   // The table is safe for concurrent readers: split the batch over threads (table_handle.h,
-  // in_process).
-  const int64_t rows_per_task = table.in_process() ? kRowsPerTask : std::max<int64_t>(1, rows.size());
+  // in_process). But one request for the whole batch to a table with a policy, whose store decides
+  // each request's touches once (and spreads the reading over threads itself): the backward's update
+  // of the same ids is then seen as a repeat of the lookup (table_policy.h).
+  const bool one_request = !table.in_process() || table.policy().active();
+  const int64_t rows_per_task = one_request ? std::max<int64_t>(1, rows.size()) : kRowsPerTask;
   at::parallel_for(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
     table.gather(rows.data() + begin, static_cast<size_t>(end - begin), dst + static_cast<size_t>(begin) * words);
   });

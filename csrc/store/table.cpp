@@ -33,6 +33,8 @@ constexpr size_t kFiniteCheckRows = 128;
 constexpr size_t kRowBatch = 2048;
 // Rows per thread of a snapshot's copy: a memory copy, worth a thread only for a large table.
 constexpr size_t kCopyRowsPerThread = 65536;
+// Ids of a gather under a policy, or of a pooled gather, worth a thread of their own.
+constexpr size_t kPooledIdsPerThread = 8192;
 // Rows to materialize (compute an init value and insert) worth a thread of their own.
 constexpr size_t kMaterializeRowsPerThread = 4096;
 
@@ -511,7 +513,18 @@ void Table::gather(const uint64_t* ids, size_t n, float* out) {
   // With a policy, the rows it stores are materialized by now, and the others must stay out.
   const auto pass = enter_policy(ids, n, Touch::Lookup);
   build_direct_index_if_worth_it();
-  read_rows(ids, n, reinterpret_cast<std::byte*>(out), pass.policed() ? MissPolicy::ComputeInit : MissPolicy::Materialize);
+  if (!pass.policed()) {
+    read_rows(ids, n, reinterpret_cast<std::byte*>(out), MissPolicy::Materialize);
+    return;
+  }
+  // Under a policy nothing is materialized here, so a large batch's parts read on several threads.
+  const size_t threads = threads_for(n, kPooledIdsPerThread);
+  const size_t row_bytes = size_t{dim_} * sizeof(float);
+  run_tasks(threads, threads, [&](size_t part) {
+    const size_t begin = n * part / threads;
+    read_rows(ids + begin, n * (part + 1) / threads - begin, reinterpret_cast<std::byte*>(out) + begin * row_bytes,
+              MissPolicy::ComputeInit);
+  });
 }
 
 void Table::peek(const uint64_t* ids, size_t n, float* out) const {
@@ -546,38 +559,52 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   }
   const MissPolicy miss = pass.policed() ? MissPolicy::ComputeInit : MissPolicy::Materialize;
   build_direct_index_if_worth_it();
-  // Bags are pooled a block at a time: a block holds whole bags and at most kLockedBlockIds ids, unless a
-  // single bag is larger.
-  std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
-  std::vector<const float*> rows;   // the gathered row of each of block_ids
-  std::vector<float> gathered;      // their weight words, as stored
-  LockedRecords found;
-  for (size_t first_bag = 0; first_bag < num_bags;) {
-    const size_t begin = bag.bag_begin(first_bag);
-    size_t end_bag = first_bag + 1;
-    while (end_bag < num_bags && bag.bag_end(end_bag) - begin <= kLockedBlockIds) ++end_bag;
-    const size_t end = bag.bag_end(end_bag - 1);
-    if (padding_idx < 0) {
-      block_ids.assign(ids + begin, ids + end);
-    } else {
-      block_ids.clear();
-      for (size_t position = begin; position < end; ++position) {
-        if (!bag.skips(position)) block_ids.push_back(ids[position]);
+  // Bags [first, end) are pooled a block at a time: a block holds whole bags and at most
+  // kLockedBlockIds ids, unless a single bag is larger.
+  const auto pool_bag_range = [&](size_t first, size_t end_of_range) {
+    std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
+    std::vector<const float*> rows;   // the gathered row of each of block_ids
+    std::vector<float> gathered;      // their weight words, as stored
+    LockedRecords found;
+    for (size_t first_bag = first; first_bag < end_of_range;) {
+      const size_t begin = bag.bag_begin(first_bag);
+      size_t end_bag = first_bag + 1;
+      while (end_bag < end_of_range && bag.bag_end(end_bag) - begin <= kLockedBlockIds) ++end_bag;
+      const size_t end = bag.bag_end(end_bag - 1);
+      if (padding_idx < 0) {
+        block_ids.assign(ids + begin, ids + end);
+      } else {
+        block_ids.clear();
+        for (size_t position = begin; position < end; ++position) {
+          if (!bag.skips(position)) block_ids.push_back(ids[position]);
+        }
       }
+      const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
+      found.unlock();  // the fallback below may materialize
+      if (!pooled) {
+        // Some rows are not materialized: gather copies, which materializes them, and pool those.
+        gathered.resize(block_ids.size() * dim_);
+        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
+        rows.resize(block_ids.size());
+        for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
+        RowPointers source(rows.data(), rows.size(), dim_);
+        pool_bags(bag, first_bag, end_bag, source, dtype_, elements_, out, max_positions);
+      }
+      first_bag = end_bag;
     }
-    const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
-    found.unlock();  // the fallback below may materialize
-    if (!pooled) {
-      // Some rows are not materialized: gather copies, which materializes them, and pool those.
-      gathered.resize(block_ids.size() * dim_);
-      read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
-      rows.resize(block_ids.size());
-      for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * dim_;
-      RowPointers source(rows.data(), rows.size(), dim_);
-      pool_bags(bag, first_bag, end_bag, source, dtype_, elements_, out, max_positions);
-    }
-    first_bag = end_bag;
+  };
+  // A large batch's bags go to several threads, in runs of about equal numbers of ids. (A thread that
+  // falls back to materializing rows waits for the others' read locks of those sub-shards, never the
+  // other way round: a block takes its locks only after releasing its previous block's.)
+  const size_t threads = threads_for(num_ids, kPooledIdsPerThread);
+  std::vector<size_t> part_first(threads + 1, num_bags);
+  for (size_t part = 0; part < threads; ++part) {
+    const size_t first_id = num_ids * part / threads;
+    part_first[part] = size_t(std::partition_point(offsets, offsets + num_bags,
+                                                   [&](int64_t offset) { return size_t(offset) < first_id; }) -
+                              offsets);
   }
+  run_tasks(threads, threads, [&](size_t part) { pool_bag_range(part_first[part], part_first[part + 1]); });
 }
 
 bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag,

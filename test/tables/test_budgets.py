@@ -2,13 +2,19 @@
 torch_recdev.set_table_policy / table_policy on module tables, table_stats, and bad input."""
 
 import datetime
+import pathlib
+import sys
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
 import torch_recdev
 from torch_recdev import ops
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "store"))
+from policy_model import PolicyModel  # noqa: E402
 
 
 @pytest.fixture
@@ -59,6 +65,31 @@ def test_a_module_table_under_admission_trains_only_admitted_rows():
     # The first step's gradients were dropped (rows pending), the second's applied.
     torch.testing.assert_close(weight.detach().cpu()[ids], initial - 0.5)
     assert torch_recdev.table_stats(weight)["pending"] >= 3
+
+
+@pytest.mark.parametrize("module", ["EmbeddingBag", "Embedding"])
+def test_training_batches_larger_than_a_kernel_task_evict_as_the_model_does(module):
+    # 20,000 ids a batch: the kernels split a batch without a policy over threads in tasks of 8,192
+    # ids, but send a table with a policy the whole batch, so that its touches are decided in batch
+    # order (tasks on two threads would reach the policy in either order, and the victims would
+    # depend on which came first) and the backward's update is recognized as a repeat of the lookup.
+    with torch_recdev.placement("table"):
+        layer = getattr(torch.nn, module)(10**6, 4, device="recdev", **({"mode": "sum"} if module == "EmbeddingBag" else {}))
+    torch_recdev.set_table_policy(layer.weight, max_rows=5000, evict="lru")
+    optimizer = torch_recdev.optim.SGD([layer.weight], lr=0.1)
+    model = PolicyModel(max_rows=5000, evict="lru")
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        ids = torch.from_numpy(rng.zipf(1.2, size=20_000) % 10_000)
+        optimizer.zero_grad()
+        out = layer(ids, torch.arange(0, 20_000, 4)) if module == "EmbeddingBag" else layer(ids)
+        out.sum().backward()
+        optimizer.step()
+        model.request(ids.tolist(), "lookup")
+        model.request(ids.tolist(), "update")
+        held = ops.emb_exists(layer.weight.detach(), torch.arange(10_000))
+        assert set(torch.nonzero(held).flatten().tolist()) == set(model.rows)
+    assert torch_recdev.table_stats(layer.weight)["evicted"] == len(model.evicted) > 0
 
 
 def test_ttl_as_a_timedelta_and_removing_the_policy():
