@@ -127,15 +127,9 @@ std::pair<float*, bool> RowIndex::find_or_insert(uint64_t row_id, uint64_t hash)
   return {floats_at(slot), true};
 }
 
-RowIndex::Erased RowIndex::erase(uint64_t row_id, uint64_t hash) {
-  const Location found = locate(hash);
-  if (found.slot == kNoSlot) return {};
-  Erased erased{true};
-  const size_t slot = found.slot;
-
+void RowIndex::free_bucket(size_t hole) {
   // Backward-shift deletion: walk the cluster after the hole and move back every entry whose home
   // bucket is not cyclically within (hole, bucket], so no lookup ever meets a gap before its entry.
-  size_t hole = found.bucket;
   for (size_t bucket = (hole + 1) & mask_;; bucket = (bucket + 1) & mask_) {
     const Bucket entry = buckets_[bucket];
     if (entry.slot == kNoSlot) break;
@@ -147,7 +141,23 @@ RowIndex::Erased RowIndex::erase(uint64_t row_id, uint64_t hash) {
     }
   }
   buckets_[hole].slot = kNoSlot;
+}
 
+float* RowIndex::replace(uint64_t old_hash, uint64_t new_id, uint64_t new_hash) {
+  const Location old_row = locate(old_hash);
+  if (old_row.slot == kNoSlot || locate(new_hash).slot != kNoSlot) return nullptr;
+  free_bucket(old_row.bucket);
+  insert_bucket(Bucket{new_hash, old_row.slot});  // the freed bucket leaves room
+  std::memcpy(ids_.record(old_row.slot), &new_id, sizeof(new_id));
+  return floats_at(old_row.slot);
+}
+
+RowIndex::Erased RowIndex::erase(uint64_t row_id, uint64_t hash) {
+  const Location found = locate(hash);
+  if (found.slot == kNoSlot) return {};
+  Erased erased{true};
+  const size_t slot = found.slot;
+  free_bucket(found.bucket);
   // Keep the arenas dense: the last record moves into the freed slot and its bucket is repointed.
   const size_t last = arena_.size() - 1;
   if (slot != last) {

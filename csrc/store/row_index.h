@@ -80,6 +80,14 @@ class RowIndex {
   };
   Erased erase(uint64_t row_id, uint64_t hash);
 
+  // Hands the record of the row whose hash is old_hash over to row new_id, in place: the old row is
+  // gone as after erase, the new one holds its slot, and no other record moves (erase then
+  // find_or_insert would move the sub-shard's last record into the hole and append the new row).
+  // For a budget that evicts one row to admit another. Returns the record, its floats as the old row
+  // left them, for the caller to overwrite; or null, with nothing changed, if the old row is absent or
+  // the new one present.
+  float* replace(uint64_t old_hash, uint64_t new_id, uint64_t new_hash);
+
   void clear();
 
   // Every byte held: the bucket array and the arenas.
@@ -118,6 +126,7 @@ class RowIndex {
     }
   }
   void insert_bucket(const Bucket& entry);  // into a bucket array with room
+  void free_bucket(size_t bucket);          // empties it, shifting its cluster back
   void rehash(size_t new_capacity);
   void grow_to(size_t new_capacity);  // rehash, or StoreError(Full)
 

@@ -37,6 +37,9 @@ constexpr size_t kCopyRowsPerThread = 65536;
 constexpr size_t kPooledIdsPerThread = 8192;
 // Rows to materialize (compute an init value and insert) worth a thread of their own.
 constexpr size_t kMaterializeRowsPerThread = 4096;
+// Rows a policy evicts or admits worth a thread of their own: each is a bucket miss or two, and an
+// admitted row's init value, about half a microsecond.
+constexpr size_t kEvictedOrAdmittedRowsPerThread = 1024;
 
 // How far ahead, in rows, batch loops prefetch: a row's index bucket kBucketAhead rows before it is
 // looked up, its record records_ahead(bytes) rows before it is visited. Far enough to hide a DRAM
@@ -695,17 +698,20 @@ void Table::erase_rows(const uint64_t* ids, size_t n) {
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
-      const uint64_t row_id = ids[route.position(entry)];
-      const RowIndex::Erased erased = shard.rows.erase(row_id, route.hash(entry));
-      if (!erased.found) continue;
-      materialized_.fetch_sub(1, std::memory_order_relaxed);
-      if (direct_.built()) {
-        direct_.set(row_id, nullptr);
-        if (erased.moved_record != nullptr) direct_.set(erased.moved_id, erased.moved_record);
-      }
+      erase_row(shard, ids[route.position(entry)], route.hash(entry));
     }
   });
   drop_direct_index_unless_worth_keeping();
+}
+
+void Table::erase_row(Shard& shard, uint64_t row_id, uint64_t hash) {
+  const RowIndex::Erased erased = shard.rows.erase(row_id, hash);
+  if (!erased.found) return;
+  materialized_.fetch_sub(1, std::memory_order_relaxed);
+  if (direct_.built()) {
+    direct_.set(row_id, nullptr);
+    if (erased.moved_record != nullptr) direct_.set(erased.moved_id, erased.moved_record);
+  }
 }
 
 TableStats Table::stats() const {
@@ -1176,8 +1182,7 @@ void Table::decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch)
   PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds(), held_rows());
   {
     std::shared_lock<std::shared_mutex> request(request_mutex_);
-    erase_rows(decision.victims.data(), decision.victims.size());
-    materialize_rows(decision.admitted.data(), decision.admitted.size());
+    evict_and_admit(decision.victims, decision.admitted);
   }
   pass.decision = std::move(decision);
 }
@@ -1200,22 +1205,52 @@ HeldRows Table::held_rows() const {
                   }};
 }
 
-// As read_rows' second pass: computing init values is most of it, so sub-shards go to several
-// threads, with one reserve per sub-shard and the ids and buckets ahead prefetched.
-void Table::materialize_rows(const uint64_t* ids, size_t n) {
-  if (n == 0) return;
-  const ShardRoute route(ids, n);
-  run_tasks(kNumShards, threads_for(n, kMaterializeRowsPerThread), [&](size_t s) {
-    if (route.begin(s) == route.end(s)) return;
+// Victim and admitted rows of a sub-shard pair up, each admitted row taking a victim's record in
+// place (RowIndex::replace); the rest are erased or appended. Under a budget nearly every admission
+// comes with an eviction, and a pair then costs two bucket probes and the init value, where erasing
+// moved the sub-shard's last record into the hole (a third miss, and a record copy) and appending grew
+// the arena. Sub-shards go to several threads, the ids and buckets ahead prefetched.
+void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted) {
+  if (victims.empty() && admitted.empty()) return;
+  const ShardRoute out(victims.data(), victims.size());
+  const ShardRoute in(admitted.data(), admitted.size());
+  run_tasks(kNumShards, threads_for(victims.size() + admitted.size(), kEvictedOrAdmittedRowsPerThread), [&](size_t s) {
+    if (out.begin(s) == out.end(s) && in.begin(s) == in.end(s)) return;
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
-    shard.rows.reserve(shard.rows.size() + (route.end(s) - route.begin(s)));
-    for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+    const auto prefetch_ahead = [&](const ShardRoute& route, const std::vector<uint64_t>& ids, size_t entry) {
       if (entry + 2 * kBucketAhead < route.end(s)) prefetch(&ids[route.position(entry + 2 * kBucketAhead)]);
       if (entry + kBucketAhead < route.end(s)) shard.rows.prefetch_bucket(route.hash(entry + kBucketAhead));
-      materialize(shard, ids[route.position(entry)], route.hash(entry));
+    };
+    size_t victim = out.begin(s);
+    size_t entry = in.begin(s);
+    for (; victim < out.end(s) && entry < in.end(s); ++victim, ++entry) {
+      prefetch_ahead(out, victims, victim);
+      prefetch_ahead(in, admitted, entry);
+      const uint64_t victim_id = victims[out.position(victim)];
+      const uint64_t row_id = admitted[in.position(entry)];
+      float* record = shard.rows.replace(out.hash(victim), row_id, in.hash(entry));
+      if (record == nullptr) {  // not as the policy said: the general path
+        erase_row(shard, victim_id, out.hash(victim));
+        materialize(shard, row_id, in.hash(entry));
+        continue;
+      }
+      if (direct_.built()) direct_.set(victim_id, nullptr);
+      fill_weight(row_id, record);
+      fill_state(record + dim_);
+      if (direct_.built()) direct_.set(row_id, record);
+    }
+    for (; victim < out.end(s); ++victim) {
+      prefetch_ahead(out, victims, victim);
+      erase_row(shard, victims[out.position(victim)], out.hash(victim));
+    }
+    if (entry < in.end(s)) shard.rows.reserve(shard.rows.size() + (in.end(s) - entry));
+    for (; entry < in.end(s); ++entry) {
+      prefetch_ahead(in, admitted, entry);
+      materialize(shard, admitted[in.position(entry)], in.hash(entry));
     }
   });
+  drop_direct_index_unless_worth_keeping();
 }
 
 void Table::evict_now(const std::vector<uint64_t>& victims) {

@@ -359,10 +359,13 @@ class Table {
   template <class T>
   void apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
                                    size_t value_count);
-  // Erases rows (no checks, request_mutex_ held shared by the caller), and materializes rows (the
-  // admitted rows' init values, sub-shards on several threads as read_rows' second pass).
+  // Erases rows (no checks, request_mutex_ held shared by the caller); erase_row: one, under its
+  // sub-shard's write lock.
   void erase_rows(const uint64_t* ids, size_t n);
-  void materialize_rows(const uint64_t* ids, size_t n);
+  void erase_row(Shard& shard, uint64_t row_id, uint64_t hash);
+  // A policy's decision applied (request_mutex_ held shared): the victims erased, the admitted rows
+  // materialized with their init values.
+  void evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted);
   // Erases rows the policy evicted outside a request (set_policy, set_optimizer, install), holding
   // request_mutex_ shared; under policy_mutex_.
   void evict_now(const std::vector<uint64_t>& victims);

@@ -25,39 +25,37 @@ constexpr size_t kLogSlack = 1024;
 enum class Status : uint8_t { Resident, Admit, Pending };
 
 // A request's distinct ids: an open-addressing set from id to its first position among them, without
-// an allocation per id (a batch has tens of thousands).
+// an allocation per id (a batch has tens of thousands). An id and its position share a cell, so a
+// probe costs one cache miss.
 class DistinctIds {
  public:
   explicit DistinctIds(size_t n) {
     size_t capacity = 16;
     while (capacity < 2 * n) capacity *= 2;
-    keys_.assign(capacity, kEmpty);
-    slots_.resize(capacity);
+    cells_.assign(capacity, Cell{kEmpty, 0});
     mask_ = capacity - 1;
   }
   // {slot of id, whether it is new}; a new id gets slot `next`.
   std::pair<uint32_t, bool> insert(uint64_t id, uint32_t next) {
     for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
-      if (keys_[i] == id) return {slots_[i], false};
-      if (keys_[i] == kEmpty) {
-        keys_[i] = id;
-        slots_[i] = next;
+      Cell& cell = cells_[i];
+      if (cell.id == id) return {cell.slot, false};
+      if (cell.id == kEmpty) {
+        cell = Cell{id, next};
         return {next, true};
       }
     }
   }
-  bool contains(uint64_t id) const {
-    for (size_t i = mix64(id) & mask_;; i = (i + 1) & mask_) {
-      if (keys_[i] == id) return true;
-      if (keys_[i] == kEmpty) return false;
-    }
-  }
+  void prefetch(uint64_t id) const { __builtin_prefetch(&cells_[mix64(id) & mask_]); }
 
  private:
   // No row id is UINT64_MAX: num_rows is at most UINT64_MAX, so ids are below it.
   static constexpr uint64_t kEmpty = std::numeric_limits<uint64_t>::max();
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> slots_;
+  struct Cell {
+    uint64_t id;
+    uint32_t slot;
+  };
+  std::vector<Cell> cells_;
   size_t mask_;
 };
 
@@ -185,19 +183,6 @@ void TablePolicy::configure(const TablePolicyConfig& requested) {
     });
     relink_all();
   }
-}
-
-TablePolicy::Meta* TablePolicy::MetaMap::find(uint64_t id) {
-  if (size_ == 0) return nullptr;
-  const size_t mask = slots_.size() - 1;
-  for (size_t i = home(id);; i = (i + 1) & mask) {
-    if (slots_[i].id == id) return &slots_[i].meta;
-    if (slots_[i].id == kFree) return nullptr;
-  }
-}
-
-void TablePolicy::MetaMap::prefetch(uint64_t id) const {
-  if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
 }
 
 std::pair<TablePolicy::Meta*, bool> TablePolicy::MetaMap::find_or_insert(uint64_t id) {
@@ -358,6 +343,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   std::vector<uint64_t> distinct;
   std::vector<uint32_t> slot_of(n);
   for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) index_of.prefetch(ids[i + kPrefetchAhead]);
     const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
     if (created) distinct.push_back(ids[i]);
     slot_of[i] = slot;
@@ -372,12 +358,14 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   uint64_t stored_count = 0;
   uint64_t new_count = 0;
   uint64_t increments = 0;
+  std::vector<Meta*> resident_meta(keeps_touches() ? distinct.size() : 0);  // valid until a row is removed
   for (size_t d = 0; d < distinct.size(); ++d) {
     if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
     const uint64_t id = distinct[d];
-    const Meta* found = keeps_touches() ? rows_.find(id) : nullptr;
+    Meta* found = keeps_touches() ? rows_.find(id) : nullptr;
     Status s;
     if (keeps_touches() ? found != nullptr && !expired(*found, now) : held_by_table[d] != 0) {
+      if (keeps_touches()) resident_meta[d] = found;
       s = Status::Resident;
     } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
       s = Status::Admit;
@@ -419,32 +407,51 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   }
 
   // From here on nothing throws but bad_alloc.
+  // The request's stored rows get their ticks in first-occurrence order. The resident ones are
+  // touched first, through the pointers found above (before any row is removed): their log entries
+  // (lru, ttl) go stale and their keys (lfu) leave the order, so the walks below never meet a row of
+  // the request, and each costs one probe of the map in all. They and the admitted rows join the
+  // order after the victims have left it, so that the log stays in tick order.
+  std::vector<uint64_t> tick_of(keeps_touches() ? distinct.size() : 0);
+  if (keeps_touches()) {
+    for (size_t d = 0; d < distinct.size(); ++d) {
+      if (status[d] == Status::Pending) continue;
+      tick_of[d] = ++tick_;
+      if (Meta* meta = resident_meta[d]) {
+        if (uses_keys()) order_.erase(key_of(distinct[d], *meta));
+        *meta = Meta{tick_of[d], step_, now, touched_score(meta)};
+      }
+    }
+  }
   walk([&](uint64_t id, const Meta& meta) {
     if (!expired(meta, now)) return false;
     decision.victims.push_back(id);
     return true;
   });
   for (const uint64_t id : decision.victims) remove(id);
-  // Victims first (never rows of this request), then the request's rows touched in first-occurrence
-  // order, so that the recency list stays in tick order.
   if (budget != kNoBudget && rows_.size() + new_count > budget) {
     uint64_t excess = rows_.size() + new_count - budget;
     const size_t first_victim = decision.victims.size();
     walk([&](uint64_t id, const Meta&) {
-      if (index_of.contains(id)) return true;  // a row of this request
       decision.victims.push_back(id);
       return --excess > 0;
     });
     for (size_t v = first_victim; v < decision.victims.size(); ++v) remove(decision.victims[v]);
   }
   for (size_t d = 0; d < distinct.size(); ++d) {
-    if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
     if (status[d] == Status::Pending) {
       ++pending_;
       continue;
     }
     if (status[d] == Status::Admit) decision.admitted.push_back(distinct[d]);
-    if (keeps_touches()) touch(distinct[d], ++tick_, now);
+    if (!keeps_touches()) continue;
+    if (status[d] == Status::Admit) {
+      link(distinct[d], rows_.insert(distinct[d], Meta{tick_of[d], step_, now, touched_score(nullptr)}));
+    } else if (uses_log()) {
+      log_.push_back(Entry{distinct[d], tick_of[d]});  // the row's meta is as touched above
+    } else {
+      link(distinct[d], *rows_.find(distinct[d]));
+    }
   }
   trim_log();
   evicted_ += decision.victims.size();

@@ -6,8 +6,9 @@
 // - With evict, the policy tracks every materialized row of its table (id -> touch metadata) and decides, for one
 //   request at a time, under the table's policy lock which Table holds from the request's first row
 //   to its last: which rows of the request are stored (resident or admitted now), which new rows to
-//   materialize, and which rows to evict first. Table then erases the victims and materializes the
-//   admitted rows under their sub-shard write locks, and runs the request itself; rows the request
+//   materialize, and which rows to evict first. Table then gives the admitted rows their records
+//   (a victim's of the same sub-shard where there is one: Table::evict_and_admit) under their sub-shard
+//   write locks, and runs the request itself; rows the request
 //   does not store (pending admission) read as their init value and drop their updates. Requests on
 //   a table with a policy are therefore serialized (each still uses several threads), which is what
 //   makes victims deterministic and keeps the budget after every request; a row is only erased under
@@ -218,9 +219,19 @@ class TablePolicy {
    public:
     explicit MetaMap(uint64_t* bytes) : slots_(Counting<Slot>(bytes)) {}
     size_t size() const { return size_; }
-    Meta* find(uint64_t id);
+    // Inline: the batch loops call these once per row.
+    Meta* find(uint64_t id) {
+      if (size_ == 0) return nullptr;
+      const size_t mask = slots_.size() - 1;
+      for (size_t i = home(id);; i = (i + 1) & mask) {
+        if (slots_[i].id == id) return &slots_[i].meta;
+        if (slots_[i].id == kFree) return nullptr;
+      }
+    }
     const Meta* find(uint64_t id) const { return const_cast<MetaMap*>(this)->find(id); }
-    void prefetch(uint64_t id) const;
+    void prefetch(uint64_t id) const {
+      if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+    }
     std::pair<Meta*, bool> find_or_insert(uint64_t id);  // {meta, created}; a new row's meta is unset
     Meta& insert(uint64_t id, const Meta& meta);          // replaces the row's meta if it is there
     bool erase(uint64_t id);

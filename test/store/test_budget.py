@@ -111,6 +111,43 @@ def test_training_steps_match_the_reference_model(policy_table, rng, policy):
     assert model.evicted
 
 
+@pytest.mark.parametrize("num_rows", [8_000, 10**6], ids=["direct-index", "hash-index-only"])
+def test_a_row_admitted_in_a_victims_place_starts_fresh_and_no_other_row_moves(store_mod, rng, num_rows):
+    """Under a budget an admitted row mostly takes a victim's record in place (RowIndex::replace): it
+    must get its own init value and a fresh optimizer state over every word the victim left, and every
+    other row must keep its record. Checked bit for bit against a twin without a policy from which the
+    rows the budget evicted are erased after each request. Batches evict and admit thousands of rows
+    (several threads, sub-shards with more victims than admissions and the reverse); at 8,000 rows the
+    table is dense enough for the direct index (direct_index.h), which must follow every handover."""
+    space, budget, batch, dim = 8_000, 5_000, 5_000, 64
+    store = store_mod.Store()
+    config = store_mod.TableConfig(num_rows=num_rows, dim=dim, init=store_mod.InitRule.normal(0, 1, seed=3))
+    table = store.table(store.create_table(config, init_stream=11))
+    twin = store.table(store.create_table(config, init_stream=11))
+    for t in (table, twin):
+        t.set_optimizer(store_mod.OptimizerConfig.adagrad(lr=0.1, initial_accumulator_value=0.25))
+    table.set_policy(max_rows=budget, evict="lru")
+    every = np.arange(space, dtype=np.uint64)
+    evicted = 0
+    for _ in range(12):
+        ids = rng.integers(0, space, size=batch).astype(np.uint64)
+        grads = rng.standard_normal((batch, dim)).astype(np.float32)
+        before = table.exists(every)
+        for t in (table, twin):
+            t.gather(ids)
+            t.update(ids, grads)
+        after = table.exists(every)
+        gone = every[before & ~after]
+        twin.erase(gone)
+        evicted += len(gone)
+        np.testing.assert_array_equal(after, twin.exists(every))
+        held_ids = every[after]
+        np.testing.assert_array_equal(table.peek(held_ids), twin.peek(held_ids))
+        np.testing.assert_array_equal(table.gather_state(held_ids), twin.gather_state(held_ids))
+    assert evicted > 5 * budget // 2  # most admissions came with an eviction
+    assert (table.direct_index_bytes() > 0) == (num_rows == space)
+
+
 def test_an_update_after_an_erase_does_not_bring_erased_rows_back(policy_table, store_mod):
     """The lookup-then-update shortcut must not survive anything that changes the rows in between."""
     table, twin = policy_table(max_rows=50, evict="lru")
