@@ -235,7 +235,11 @@ void update_from_bag_grads(
     bool include_last_offset,
     int64_t padding_idx) {
   store::TableHandle& table = trained_table(weight);
-  const at::Tensor bag_grads = device::CpuAccess(grad, "embedding_bag backward").cpu().to(at::kFloat).contiguous();
+  // In the table's type, as update's gradients (a half table's already are: no conversion).
+  const at::Tensor bag_grads = device::CpuAccess(grad, "embedding_bag backward")
+                                   .cpu()
+                                   .to(device::scalar_type_of(table.dtype()))
+                                   .contiguous();
   const at::Tensor bag_offsets = on_cpu(offsets).to(at::kLong).contiguous();
   const at::Tensor weights =
       per_sample_weights.defined() ? on_cpu(per_sample_weights).to(at::kFloat).contiguous() : at::Tensor();
@@ -243,7 +247,7 @@ void update_from_bag_grads(
       rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(), static_cast<size_t>(bag_grads.size(0)),
       static_cast<store::PoolingMode>(mode), weights.defined() ? weights.const_data_ptr<float>() : nullptr,
       include_last_offset, padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx,
-      bag_grads.const_data_ptr<float>());
+      bag_grads.const_data_ptr());
 }
 
 // _embedding_bag's backward on a table: each id's share of its bag's gradient to the store. With the

@@ -364,12 +364,16 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
 
 void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                 store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                                int64_t padding_idx, const float* bag_grads) {
+                                int64_t padding_idx, const void* bag_grads) {
   const store::EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights,
                                 padding_idx};
   store::validate_embedding_bag(bag, num_rows_);
   if (mode == store::PoolingMode::Max) {
     throw StoreError(ErrorCode::InvalidArgument, "update_pooled of " + label() + ": max bags need per-id gradients");
+  }
+  if (dtype() != store::ElementType::Float32) {
+    throw StoreError(ErrorCode::InvalidArgument, "update_pooled of " + label() + ": a " + store::describe(dtype()) +
+                                                     " table on shards takes per-id gradients (update)");
   }
   const store::PooledGradients pooled(bag, bag_grads, dim_);
   std::vector<float> grads(pooled.size() * dim_);

@@ -82,7 +82,7 @@ class RemoteTable final : public store::TableHandle {
   // does: one optimizer step.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                      store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                     int64_t padding_idx, const float* bag_grads) override;
+                     int64_t padding_idx, const void* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
   // DUMP from every shard (a point-in-time snapshot per shard) / a staged load committed on every
   // shard (remote_transfer.h).

@@ -54,7 +54,7 @@ void DeferredTable::update(const uint64_t* ids, size_t n, const void* grads) {
 
 void DeferredTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                   PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                                  int64_t padding_idx, const float* bag_grads) {
+                                  int64_t padding_idx, const void* bag_grads) {
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, table_->num_rows());
   const PooledGradients gradients(bag, bag_grads, table_->dim());

@@ -73,11 +73,11 @@ class DeferredTable final : public TableHandle {
   void set_learning_rate(double lr) override { table_->set_learning_rate(lr); }
   uint64_t optimizer_step() const override { return table_->optimizer_step(); }
   void set_optimizer_step(uint64_t step) override { table_->set_optimizer_step(step); }
-  // grads: float32 rows (the wrapped table is float32).
+  // grads and bag_grads: float32 rows (the wrapped table is float32).
   void update(const uint64_t* ids, size_t n, const void* grads) override;
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
-                     const float* bag_grads) override;
+                     const void* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override {
     return table_->gather_state(ids, n, out);
   }

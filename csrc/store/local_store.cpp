@@ -55,7 +55,7 @@ void LocalTable::update(const uint64_t* ids, size_t n, const void* grads) { tabl
 
 void LocalTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                               int64_t padding_idx, const float* bag_grads) {
+                               int64_t padding_idx, const void* bag_grads) {
   table_->update_pooled(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
                         bag_grads);
 }

@@ -50,7 +50,7 @@ class LocalTable final : public TableHandle {
   void update(const uint64_t* ids, size_t n, const void* grads) override;
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
-                     const float* bag_grads) override;
+                     const void* bag_grads) override;
   bool pools_gradients() const override { return computes_in_float32(table_->dtype()); }
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
   void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const override;

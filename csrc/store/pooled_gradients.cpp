@@ -6,11 +6,18 @@
 
 namespace recdev::store {
 
-PooledGradients::PooledGradients(const EmbeddingBag& bag, const float* bag_grads, uint32_t dim, ElementType type) {
+PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads, uint32_t dim, ElementType type) {
   if (bag.mode == PoolingMode::Max) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "update_pooled: mode Max has no per-bag gradient (each element goes to the id that won it); "
                      "expand it per id and call update");
+  }
+  // Widening is exact, so a half Sum bag's rows need no rounding.
+  const float* bag_rows = static_cast<const float*>(bag_grads);
+  if (type != ElementType::Float32) {
+    widened_.resize(bag.num_bags * size_t{dim});
+    widen_to_float(type, bag_grads, widened_.data(), widened_.size());
+    bag_rows = widened_.data();
   }
   bool skips_some = false;
   for (size_t position = 0; position < bag.num_ids && !skips_some; ++position) skips_some = bag.skips(position);
@@ -21,15 +28,14 @@ PooledGradients::PooledGradients(const EmbeddingBag& bag, const float* bag_grads
   }
   rows_.reserve(bag.num_ids);
   const bool weighted = bag.per_sample_weights != nullptr;
-  // Whether each bag's row is its own copy: scaled (Mean), or rounded into the table's type.
-  const bool bag_copies = !weighted && (bag.mode == PoolingMode::Mean || type != ElementType::Float32);
+  const bool bag_copies = !weighted && bag.mode == PoolingMode::Mean;  // each bag's row scaled
   if (weighted) {
     scaled_.resize(bag.num_ids * size_t{dim});
   } else if (bag_copies) {
     scaled_.resize(bag.num_bags * size_t{dim});
   }
   for (size_t b = 0; b < bag.num_bags; ++b) {
-    const float* bag_grad = bag_grads + b * dim;
+    const float* bag_grad = bag_rows + b * dim;
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
     size_t count = 0;
@@ -52,12 +58,11 @@ PooledGradients::PooledGradients(const EmbeddingBag& bag, const float* bag_grads
       float* scaled = scaled_.data() + b * dim;
       const float divisor = float(count);
       for (uint32_t d = 0; d < dim; ++d) scaled[d] = bag_grad[d] / divisor;
-    } else if (bag_copies) {
-      std::copy_n(bag_grad, dim, scaled_.data() + b * dim);
     }
   }
+  // A scaled share rounds into the table's type, as PyTorch's mul / div of the expanded half rows would.
   round_through(type, scaled_.data(), scaled_.size());
-  values_ = scaled_.empty() ? bag_grads : scaled_.data();
+  values_ = scaled_.empty() ? bag_rows : scaled_.data();
   value_count_ = scaled_.empty() ? bag.num_bags * size_t{dim} : scaled_.size();
 }
 

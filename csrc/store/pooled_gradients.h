@@ -8,10 +8,10 @@
 // bit for bit those of expanding first (PyTorch's index_select of the bag gradients, then mul / div
 // in float32), so the update is the same.
 //
-// Half-precision tables (Float16, BFloat16) take per-id gradients in their own type (Table::update),
-// so there every id's gradient is also rounded into the table's type (and widened back, exactly),
-// as PyTorch's conversion of the expanded rows would round it: the same update as update() with
-// those rows. The rounding is done once per bag (Sum, Mean) or per id (per-sample weights).
+// The bag gradients come in the table's type, as update()'s per-id gradients do. Half-precision
+// tables (Float16, BFloat16) are widened to float32 once per bag, and each scaled share (Mean, per-
+// sample weights) is rounded back into the table's type, as PyTorch's mul / div of the expanded half
+// rows would round it: the same update as update() with those rows.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +25,9 @@ namespace recdev::store {
 
 class PooledGradients {
  public:
-  // bag: validated, with mode Sum or Mean; bag_grads: num_bags * dim floats (must outlive this);
-  // type: the table's (Float32, Float16 or BFloat16), dim its row's elements.
-  PooledGradients(const EmbeddingBag& bag, const float* bag_grads, uint32_t dim,
+  // bag: validated, with mode Sum or Mean; bag_grads: num_bags * dim elements of `type` (must
+  // outlive this); type: the table's (Float32, Float16 or BFloat16), dim its row's elements.
+  PooledGradients(const EmbeddingBag& bag, const void* bag_grads, uint32_t dim,
                   ElementType type = ElementType::Float32);
 
   // The ids that get a gradient (batch order, skipped ones left out) and each one's gradient row.
@@ -44,7 +44,8 @@ class PooledGradients {
   const uint64_t* ids_ = nullptr;  // the bag's own ids, when none is skipped
   std::vector<uint64_t> kept_ids_;
   std::vector<const float*> rows_;
-  // Mean, or Sum on a half table: a row per bag; per-sample weights: a row per id.
+  std::vector<float> widened_;  // a half table's bag gradients in float32
+  // Mean: a row per bag; per-sample weights: a row per id.
   std::vector<float> scaled_;
   const float* values_ = nullptr;
   size_t value_count_ = 0;

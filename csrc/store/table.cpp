@@ -1001,7 +1001,7 @@ void Table::update(const uint64_t* ids, size_t n, const void* grads) {
 
 void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                          int64_t padding_idx, const float* bag_grads) {
+                          int64_t padding_idx, const void* bag_grads) {
   if (!computes_in_float32(dtype_)) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "update_pooled of table " + std::to_string(id_) + " refused: the store pools float32, float16 "

@@ -275,10 +275,10 @@ class Table {
   void update(const uint64_t* ids, size_t n, const void* grads);
 
   // update() with the gradient of an embedding_bag's output (pooled_gradients.h): bag_grads is
-  // num_bags * elements floats (elements: a row's, dim words of the table's type), and each id of the
-  // bags (the layout and arguments of gather_pooled) gets its bag's gradient as the mode scaled it —
-  // Sum (times its per-sample weight, if any) or Mean, rounded into the table's type on float16 and
-  // bfloat16 tables (whose update() takes gradients in that type); Max is refused with
+  // num_bags * elements values of the table's type, as update()'s gradients are (elements: a row's),
+  // and each id of the bags (the layout and arguments of gather_pooled) gets its bag's gradient as
+  // the mode scaled it — Sum (times its per-sample weight, if any) or Mean, a scaled share rounded
+  // into the table's type on float16 and bfloat16 tables; Max is refused with
   // StoreError(InvalidArgument). float32, float16 and bfloat16 tables (as gather_pooled): float64
   // ones take per-id gradients. Ids equal to padding_idx get none. The same
   // step, bit for bit, as update() with those per-id rows, without writing them out; validated the
@@ -286,7 +286,7 @@ class Table {
   // first id, counted among the ids that get one, whose gradient holds it.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
-                     const float* bag_grads);
+                     const void* bag_grads);
 
   // The optimizer state of each row: out is resized to n * state_floats words (the returned width),
   // row i the state of ids[i], in the compute type (float64 tables: each value is two words). A row that is not materialized gives the initial state and stays so.

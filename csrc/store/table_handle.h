@@ -68,9 +68,10 @@ class TableHandle {
   virtual uint64_t optimizer_step() const = 0;
   virtual void set_optimizer_step(uint64_t step) = 0;
   virtual void update(const uint64_t* ids, size_t n, const void* grads) = 0;
+  // bag_grads: num_bags rows in the table's type, as update's grads (Table::update_pooled).
   virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                              PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                             int64_t padding_idx, const float* bag_grads) = 0;
+                             int64_t padding_idx, const void* bag_grads) = 0;
   // Whether update_pooled takes this table's bag gradients: float32 tables everywhere, and the
   // embedded store's float16 and bfloat16 tables (LocalTable). Elsewhere a half table's bag gradients
   // are expanded per id by the caller and sent through update, whose rows the wire carries in the
