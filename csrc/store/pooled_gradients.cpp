@@ -3,8 +3,15 @@
 #include <algorithm>
 
 #include "errors.h"
+#include "task_runner.h"
 
 namespace recdev::store {
+
+namespace {
+// Values widened per task, and per thread worth starting.
+constexpr size_t kWidenChunk = 64 * 1024;
+constexpr size_t kWidenPerThread = 256 * 1024;
+}  // namespace
 
 PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads, uint32_t dim, ElementType type) {
   if (bag.mode == PoolingMode::Max) {
@@ -15,9 +22,17 @@ PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads,
   // Widening is exact, so a half Sum bag's rows need no rounding.
   const float* bag_rows = static_cast<const float*>(bag_grads);
   if (type != ElementType::Float32) {
-    widened_.resize(bag.num_bags * size_t{dim});
-    widen_to_float(type, bag_grads, widened_.data(), widened_.size());
-    bag_rows = widened_.data();
+    const size_t count = bag.num_bags * size_t{dim};
+    // Not zero-filled first, and on both cores: a float16 training step's 16,384 x 128 gradients took
+    // 1.4 ms on one thread through a zeroed vector.
+    widened_ = std::make_unique_for_overwrite<float[]>(count);
+    const size_t chunks = (count + kWidenChunk - 1) / kWidenChunk;
+    run_tasks(chunks, threads_for(count, kWidenPerThread), [&](size_t chunk) {
+      const size_t first = chunk * kWidenChunk;
+      widen_to_float(type, static_cast<const uint16_t*>(bag_grads) + first, widened_.get() + first,
+                     std::min(kWidenChunk, count - first));
+    });
+    bag_rows = widened_.get();
   }
   bool skips_some = false;
   for (size_t position = 0; position < bag.num_ids && !skips_some; ++position) skips_some = bag.skips(position);

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "element_type.h"
@@ -44,7 +45,7 @@ class PooledGradients {
   const uint64_t* ids_ = nullptr;  // the bag's own ids, when none is skipped
   std::vector<uint64_t> kept_ids_;
   std::vector<const float*> rows_;
-  std::vector<float> widened_;  // a half table's bag gradients in float32
+  std::unique_ptr<float[]> widened_;  // a half table's bag gradients in float32
   // Mean: a row per bag; per-sample weights: a row per id.
   std::vector<float> scaled_;
   const float* values_ = nullptr;

@@ -230,19 +230,44 @@ def test_bag_gradients_update_a_half_table_as_per_id_gradients_do(dtype, kind, s
         pooling = 1 if mode == 1 else 0  # embedding_bag's mode number
         weights = (torch.rand(16, generator=gen) * 3).to(dtype).to("recdev") if mode == 2 else None
         grad = (torch.randn(len(offsets), DIM, generator=gen) * 3).to(dtype).to("recdev")
-        args = (ids.to("recdev"), offsets.to("recdev"))
-        out = F.embedding_bag(args[0], pooled, args[1], mode="mean" if mode == 1 else "sum",
-                              per_sample_weights=weights, padding_idx=padding_idx)
-        out.backward(grad)
-        with torch.no_grad():
-            _, offset2bag, bag_size, max_indices = torch.ops.aten._embedding_bag(
-                per_id, args[0], args[1], False, pooling, False, weights, False, padding_idx)
-        torch.ops.recdev.table_embedding_bag_backward(
-            per_id, args[0], grad, offset2bag, bag_size, max_indices, weights, pooling, False, padding_idx)
+        backward_both_ways(pooled, per_id, ids, offsets, grad, pooling, weights, padding_idx)
         for optimizer in optimizers:
             optimizer.step()
         assert torch.equal(read(pooled).view(torch.int16), read(per_id).view(torch.int16)), f"step {step}"
     assert not torch.equal(read(pooled)[:TOUCHED], init[:TOUCHED]), "training moved nothing"
+
+
+def backward_both_ways(pooled, per_id, ids, offsets, grad, pooling, weights=None, padding_idx=None):
+    """embedding_bag's backward into `pooled` as eager autograd sends it (bag gradients, where the
+    store takes them), and into `per_id` as the compiled op does (a gradient row per id)."""
+    args = (ids.to("recdev"), offsets.to("recdev"))
+    out = F.embedding_bag(args[0], pooled, args[1], mode="mean" if pooling == 1 else "sum",
+                          per_sample_weights=weights, padding_idx=padding_idx)
+    out.backward(grad)
+    aten_padding_idx = -1 if padding_idx is None else padding_idx  # F.embedding_bag's -1 is the last row
+    with torch.no_grad():
+        _, offset2bag, bag_size, max_indices = torch.ops.aten._embedding_bag(
+            per_id, args[0], args[1], False, pooling, False, weights, False, aten_padding_idx)
+    torch.ops.recdev.table_embedding_bag_backward(
+        per_id, args[0], grad, offset2bag, bag_size, max_indices, weights, pooling, False, aten_padding_idx)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_bag_gradients_of_a_large_batch_update_a_half_table_as_per_id_gradients_do(dtype):
+    # 6,000 bags of dim 64: the store widens the bag gradients in chunks on both threads, the last
+    # chunk a partial one.
+    pooled, init = table_of(dtype, rows=3000, dim=64)
+    per_id, _ = table_of(dtype, rows=3000, dim=64)
+    optimizers = rd_optim.RowWiseAdagrad([pooled], lr=0.05), rd_optim.RowWiseAdagrad([per_id], lr=0.05)
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 3000, (12_000,), generator=gen)
+    offsets = torch.arange(0, 12_000, 2)
+    grad = torch.randn(len(offsets), 64, generator=gen).to(dtype).to("recdev")
+    backward_both_ways(pooled, per_id, ids, offsets, grad, pooling=0)
+    for optimizer in optimizers:
+        optimizer.step()
+    assert torch.equal(read(pooled).view(torch.int16), read(per_id).view(torch.int16))
+    assert not torch.equal(read(pooled), init), "training moved nothing"
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
