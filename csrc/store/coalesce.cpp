@@ -2,13 +2,34 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "prefetch.h"
 #include "task_runner.h"
 
 namespace recdev::store {
 namespace {
 
 constexpr uint32_t kNoRow = ~uint32_t{0};
+constexpr size_t kEntriesAhead = 16;
+
+// sum[d] += grad[d] for d < dim, 32 bytes at a time: the plain loop stayed scalar at -O2 (it may
+// not assume the rows apart), and was half the time of coalescing a batch of Zipf ids.
+template <class T>
+void add_row(T* sum, const T* grad, uint32_t dim) {
+  typedef T Block __attribute__((vector_size(32)));
+  constexpr uint32_t kLanes = sizeof(Block) / sizeof(T);
+  uint32_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    Block total;
+    Block addend;
+    std::memcpy(&total, sum + d, sizeof(Block));
+    std::memcpy(&addend, grad + d, sizeof(Block));
+    total += addend;
+    std::memcpy(sum + d, &total, sizeof(Block));
+  }
+  for (; d < dim; ++d) sum[d] += grad[d];
+}
 
 size_t map_capacity_for(size_t count) {
   size_t capacity = 16;
@@ -41,6 +62,14 @@ void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard
   std::vector<uint32_t> map(map_capacity_for(end - begin), kNoRow);
   const size_t mask = map.size() - 1;
   for (size_t entry = begin; entry < end; ++entry) {
+    // A sub-shard's entries are far apart in the batch, so their ids and gradient pointers miss the
+    // cache: fetched ahead. (Fetching the gradient rows ahead too, which only repeated rows read,
+    // measured no better for Zipf ids and worse for uniform ones.)
+    if (entry + kEntriesAhead < end) {
+      const size_t later = route.position(entry + kEntriesAhead);
+      prefetch(ids + later);
+      prefetch(grads + later);
+    }
     const size_t position = route.position(entry);
     const uint64_t row_id = ids[position];
     const T* grad = grads[position];
@@ -59,8 +88,7 @@ void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard
         sum_of[row] = uint32_t(out.sums.size() / dim);
         out.sums.insert(out.sums.end(), out.rows[row].grad, out.rows[row].grad + dim);
       }
-      T* sum = out.sums.data() + size_t{sum_of[row]} * dim;
-      for (uint32_t d = 0; d < dim; ++d) sum[d] += grad[d];
+      add_row(out.sums.data() + size_t{sum_of[row]} * dim, grad, dim);
       break;
     }
   }
