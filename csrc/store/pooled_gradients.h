@@ -9,7 +9,7 @@
 // in float32), so the update is the same.
 //
 // The bag gradients come in the table's type, as update()'s per-id gradients do. Half-precision
-// tables (Float16, BFloat16) are widened to float32 once per bag, and each scaled share (Mean, per-
+// tables' (Float16, BFloat16) are widened to float32 once, and each scaled share (Mean, per-
 // sample weights) is rounded back into the table's type, as PyTorch's mul / div of the expanded half
 // rows would round it: the same update as update() with those rows.
 #pragma once
