@@ -71,10 +71,9 @@ def median_seconds(fn, *, repeat: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def compare(fn_recdev, fn_peer, *, repeat: int) -> tuple[float, float]:
+def compare(fn_recdev, fn_peer, *, repeat: int, rounds: int = 3) -> tuple[float, float]:
     """Times recdev and peer in alternating rounds, so that drift in machine
-    load affects both alike."""
-    rounds = 3
+    load affects both alike; each side's best round counts."""
     recdev, peer = [], []
     for _ in range(rounds):
         recdev.append(median_seconds(fn_recdev, repeat=repeat))

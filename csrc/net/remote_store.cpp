@@ -375,7 +375,8 @@ void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64
     throw StoreError(ErrorCode::InvalidArgument, "update_pooled of " + label() + ": a " + store::describe(dtype()) +
                                                      " table on shards takes per-id gradients (update)");
   }
-  const store::PooledGradients pooled(bag, bag_grads, dim_);
+  const store::PooledGradients<float> pooled(bag, static_cast<const float*>(bag_grads), dim_,
+                                                store::ElementType::Float32);
   std::vector<float> grads(pooled.size() * dim_);
   for (size_t i = 0; i < pooled.size(); ++i) {
     std::copy_n(pooled.rows()[i], dim_, grads.data() + i * dim_);

@@ -39,21 +39,31 @@ size_t map_capacity_for(size_t count) {
 
 }  // namespace
 
-template <class T>
-CoalescedGradients<T>::CoalescedGradients(const uint64_t* ids, size_t n, const T* const* grads, uint32_t dim,
-                                       size_t threads) {
+template <class G>
+CoalescedGradients<G>::CoalescedGradients(const uint64_t* ids, size_t n, const G* const* grads, ElementType type,
+                                          uint32_t dim, size_t threads) {
   const ShardRoute route(ids, n);
-  run_tasks(kNumShards, threads, [&](size_t shard) { coalesce_shard(route, shard, ids, grads, dim); });
+  run_tasks(kNumShards, threads, [&](size_t shard) { coalesce_shard(route, shard, ids, grads, type, dim); });
 }
 
-template <class T>
-void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
-                                        const T* const* grads, uint32_t dim) {
+template <class G>
+void CoalescedGradients<G>::coalesce_shard(const ShardRoute& route, size_t shard, const uint64_t* ids,
+                                           const G* const* grads, ElementType type, uint32_t dim) {
   const size_t begin = route.begin(shard);
   const size_t end = route.end(shard);
   if (begin == end) return;
   Shard& out = shards_[shard];
   out.rows.reserve(end - begin);
+  // A half gradient in the sum's type: duplicates are widened (exactly) one row at a time.
+  std::vector<Sum> widened(std::is_same_v<G, Sum> ? 0 : dim);
+  const auto as_sum = [&](const G* grad) -> const Sum* {
+    if constexpr (std::is_same_v<G, Sum>) {
+      return grad;
+    } else {
+      widen_to_float(type, grad, widened.data(), dim);
+      return widened.data();
+    }
+  };
   // row -> index of its sum in out.sums, for the rows named more than once. Sums are addressed by
   // index while they are being added up, since out.sums moves as it grows.
   std::vector<uint32_t> sum_of;
@@ -72,12 +82,12 @@ void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard
     }
     const size_t position = route.position(entry);
     const uint64_t row_id = ids[position];
-    const T* grad = grads[position];
+    const G* grad = grads[position];
     for (size_t bucket = route.hash(entry) & mask;; bucket = (bucket + 1) & mask) {
       const uint32_t row = map[bucket];
       if (row == kNoRow) {
         map[bucket] = uint32_t(out.rows.size());
-        out.rows.push_back(Row{row_id, route.hash(entry), grad});
+        out.rows.push_back(Row{row_id, route.hash(entry), grad, nullptr});
         sum_of.push_back(kNoRow);
         break;
       }
@@ -86,32 +96,34 @@ void CoalescedGradients<T>::coalesce_shard(const ShardRoute& route, size_t shard
       // turn.
       if (sum_of[row] == kNoRow) {
         sum_of[row] = uint32_t(out.sums.size() / dim);
-        out.sums.insert(out.sums.end(), out.rows[row].grad, out.rows[row].grad + dim);
+        const Sum* first = as_sum(out.rows[row].grad);
+        out.sums.insert(out.sums.end(), first, first + dim);
       }
-      add_row(out.sums.data() + size_t{sum_of[row]} * dim, grad, dim);
+      add_row(out.sums.data() + size_t{sum_of[row]} * dim, as_sum(grad), dim);
       break;
     }
   }
   for (size_t row = 0; row < out.rows.size(); ++row) {
     if (sum_of[row] == kNoRow) continue;
-    const T* sum = out.sums.data() + size_t{sum_of[row]} * dim;
-    out.rows[row].grad = sum;
-    const T* bad = std::find_if(sum, sum + dim, [](T value) { return !std::isfinite(value); });
+    const Sum* sum = out.sums.data() + size_t{sum_of[row]} * dim;
+    out.rows[row].grad = nullptr;
+    out.rows[row].sum = sum;
+    const Sum* bad = std::find_if(sum, sum + dim, [](Sum value) { return !std::isfinite(value); });
     if (bad != sum + dim && (!out.overflow || out.rows[row].id < out.overflow->row_id)) {
       out.overflow = Overflow{out.rows[row].id, uint32_t(bad - sum)};
     }
   }
 }
 
-template <class T>
-size_t CoalescedGradients<T>::size() const {
+template <class G>
+size_t CoalescedGradients<G>::size() const {
   size_t total = 0;
   for (const Shard& shard : shards_) total += shard.rows.size();
   return total;
 }
 
-template <class T>
-std::optional<typename CoalescedGradients<T>::Overflow> CoalescedGradients<T>::first_overflow() const {
+template <class G>
+std::optional<typename CoalescedGradients<G>::Overflow> CoalescedGradients<G>::first_overflow() const {
   std::optional<Overflow> first;
   for (const Shard& shard : shards_) {
     if (shard.overflow && (!first || shard.overflow->row_id < first->row_id)) first = shard.overflow;
@@ -120,6 +132,7 @@ std::optional<typename CoalescedGradients<T>::Overflow> CoalescedGradients<T>::f
 }
 
 template class CoalescedGradients<float>;
+template class CoalescedGradients<uint16_t>;
 template class CoalescedGradients<double>;
 
 }  // namespace recdev::store

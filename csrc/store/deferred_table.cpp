@@ -57,7 +57,8 @@ void DeferredTable::update_pooled(const uint64_t* ids, size_t num_ids, const int
                                   int64_t padding_idx, const void* bag_grads) {
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, table_->num_rows());
-  const PooledGradients gradients(bag, bag_grads, table_->dim());
+  const PooledGradients<float> gradients(bag, static_cast<const float*>(bag_grads), table_->dim(),
+                                         ElementType::Float32);
   record(gradients.ids(), gradients.size(), gradients.rows());
 }
 

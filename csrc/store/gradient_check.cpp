@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "coalesce.h"
@@ -23,9 +24,10 @@ void check_rows(const T* values, uint32_t elements, const uint64_t* ids, size_t 
       }
     }
   }
+  constexpr ElementType type = std::is_same_v<T, double> ? ElementType::Float64 : ElementType::Float32;
   std::vector<const T*> rows(n);
   for (size_t i = 0; i < n; ++i) rows[i] = values + i * elements;
-  if (const auto overflow = CoalescedGradients<T>(ids, n, rows.data(), elements, 1).first_overflow()) {
+  if (const auto overflow = CoalescedGradients<T>(ids, n, rows.data(), type, elements, 1).first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument, "update of " + label + " refused: the summed gradient of row id " +
                                                      std::to_string(overflow->row_id) + " overflows to inf at column " +
                                                      std::to_string(overflow->column) + "; nothing was applied");

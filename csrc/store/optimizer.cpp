@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "cpu_features.h"
@@ -60,12 +61,13 @@ uint64_t mix64(uint64_t x) {
 bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(double)) == 0; }
 
 // RowWiseAdagrad (see RowUpdate::apply): the decayed gradient's squares of elements [begin, end),
-// summed in order into sum_square.
+// summed in order into sum_square. Without weight decay the weights are not read (as torch.optim
+// adds no decay term then), which only an infinite weight could tell apart.
 template <class T>
 double rowwise_square_sum(const T* weight, const T* grad, uint32_t begin, uint32_t end, double weight_decay,
                           double sum_square) {
   for (uint32_t d = begin; d < end; ++d) {
-    const double g = double(grad[d]) + weight_decay * double(weight[d]);
+    const double g = weight_decay != 0 ? double(grad[d]) + weight_decay * double(weight[d]) : double(grad[d]);
     sum_square += g * g;
   }
   return sum_square;
@@ -121,10 +123,10 @@ RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const f
   return d;
 }
 
-// How the vector rules read and write a row's weights stored as float32, float16 or bfloat16: widened
-// exactly as they are loaded, rounded to nearest even as they are stored (what widen_to_float and
-// narrow_from_float do), four at a time (load4, store4) or one (load1, store1).
-struct Float32Weights {
+// How the vector rules read a row's weights and gradients and write its weights, stored as float32,
+// float16 or bfloat16: widened exactly as they are loaded, rounded to nearest even as they are stored
+// (what widen_to_float and narrow_from_float do), four at a time (load4, store4) or one (load1, store1).
+struct Float32Elements {
   using Element = float;
   RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const float* row) { return _mm_loadu_ps(row); }
   RECDEV_STORE_AVX2_FMA_F16C static void store4(float* row, __m128 values) { _mm_storeu_ps(row, values); }
@@ -132,7 +134,7 @@ struct Float32Weights {
   static void store1(float* row, float value) { *row = value; }
 };
 
-struct Float16Weights {
+struct Float16Elements {
   using Element = uint16_t;
   RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
     return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
@@ -144,7 +146,7 @@ struct Float16Weights {
   static void store1(uint16_t* row, float value) { *row = float_to_half(value); }
 };
 
-struct BFloat16Weights {
+struct BFloat16Elements {
   using Element = uint16_t;
   RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
     const __m128i halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
@@ -164,18 +166,20 @@ struct BFloat16Weights {
   static void store1(uint16_t* row, float value) { *row = float_to_bfloat16(value); }
 };
 
-// RowWiseAdagrad's rule (see RowUpdate::apply) on a row of Weights, 4 doubles per vector. The same
-// double operations per element as the scalar rule, and each weight rounded once to float32 (and a
-// half row's then to its type, as the widened row's update would be); only the mean square sums in 8
-// lanes instead of one running sum, which may move a double's last bits, far below the float32
-// rounding of the accumulator. One running sum is a chain of dim dependent adds: at dim 128 it was
-// the largest single cost of a RowWiseAdagrad training step. Half rows are widened and rounded in
-// registers: widening into a buffer and rounding it back made a float16 table's step no faster than
-// a float32 one's.
-template <class Weights>
+// RowWiseAdagrad's rule (see RowUpdate::apply) on a row of Weights with a gradient of Grads (float32,
+// or the row's own half type), 4 doubles per vector. The same double operations per element as the
+// scalar rule, and each weight rounded once to float32 (and a half row's then to its type, as the
+// widened row's update would be); only the mean square sums in 8 lanes instead of one running sum,
+// which may move a double's last bits, far below the float32 rounding of the accumulator. One running
+// sum is a chain of dim dependent adds: at dim 128 it was the largest single cost of a RowWiseAdagrad
+// training step. Half rows and gradients are widened and rounded in registers: widening into a
+// buffer first cost more. kDecay: weight_decay != 0. Without it the first pass reads no weight and
+// the second multiplies none by the correction (exactly 1): a third fewer operations, which a half
+// row's step, needing half the cache lines of a float32 one, is bound on.
+template <class Weights, class Grads, bool kDecay>
 RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* weight, float* state,
-                                                     const float* grad, uint32_t dim, double lr, double weight_decay,
-                                                     double eps) {
+                                                     const typename Grads::Element* grad, uint32_t dim, double lr,
+                                                     double weight_decay, double eps) {
   const __m256d decay = _mm256_set1_pd(weight_decay);
   // Two sums, each in a register of its own: as an array indexed in a loop they lived on the stack,
   // every add waiting on the store of the one before.
@@ -183,12 +187,16 @@ RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* 
   __m256d high = _mm256_setzero_pd();
   uint32_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    __m256d decayed_low = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d)));
-    __m256d decayed_high = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d + 4)));
-    // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
-    asm("" : "+x"(decayed_low), "+x"(decayed_high));
-    const __m256d grad_low = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d)), decayed_low);
-    const __m256d grad_high = _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d + 4)), decayed_high);
+    __m256d grad_low = _mm256_cvtps_pd(Grads::load4(grad + d));
+    __m256d grad_high = _mm256_cvtps_pd(Grads::load4(grad + d + 4));
+    if constexpr (kDecay) {
+      __m256d decayed_low = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d)));
+      __m256d decayed_high = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d + 4)));
+      // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
+      asm("" : "+x"(decayed_low), "+x"(decayed_high));
+      grad_low = _mm256_add_pd(grad_low, decayed_low);
+      grad_high = _mm256_add_pd(grad_high, decayed_high);
+    }
     __m256d square_low = _mm256_mul_pd(grad_low, grad_low);
     __m256d square_high = _mm256_mul_pd(grad_high, grad_high);
     asm("" : "+x"(square_low), "+x"(square_high));
@@ -199,7 +207,8 @@ RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* 
   _mm256_storeu_pd(lanes, _mm256_add_pd(low, high));
   double sum_square = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
   for (uint32_t rest = d; rest < dim; ++rest) {
-    const double g = double(grad[rest]) + weight_decay * double(Weights::load1(weight + rest));
+    double g = double(Grads::load1(grad + rest));
+    if constexpr (kDecay) g += weight_decay * double(Weights::load1(weight + rest));
     sum_square += g * g;
   }
   const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr, weight_decay, eps);
@@ -207,13 +216,42 @@ RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* 
   const __m256d step = _mm256_set1_pd(multiplier);
   d = 0;
   for (; d + 4 <= dim; d += 4) {
-    __m256d kept = _mm256_mul_pd(scale, _mm256_cvtps_pd(Weights::load4(weight + d)));
-    __m256d moved = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(grad + d)), step);
+    __m256d kept = _mm256_cvtps_pd(Weights::load4(weight + d));
+    if constexpr (kDecay) kept = _mm256_mul_pd(scale, kept);
+    __m256d moved = _mm256_mul_pd(_mm256_cvtps_pd(Grads::load4(grad + d)), step);
     asm("" : "+x"(kept), "+x"(moved));
     Weights::store4(weight + d, _mm256_cvtpd_ps(_mm256_sub_pd(kept, moved)));
   }
   for (; d < dim; ++d) {
-    Weights::store1(weight + d, float(correction * double(Weights::load1(weight + d)) - double(grad[d]) * multiplier));
+    Weights::store1(weight + d,
+                   float(correction * double(Weights::load1(weight + d)) - double(Grads::load1(grad + d)) * multiplier));
+  }
+}
+
+// rowwise_adagrad_avx2 for a row of Weights and a gradient of Grads, with or without weight decay.
+template <class Weights, class Grads>
+RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_any_decay_avx2(typename Weights::Element* weight, float* state,
+                                                               const typename Grads::Element* grad, uint32_t dim,
+                                                               double lr, double weight_decay, double eps) {
+  if (weight_decay != 0) {
+    rowwise_adagrad_avx2<Weights, Grads, true>(weight, state, grad, dim, lr, weight_decay, eps);
+  } else {
+    rowwise_adagrad_avx2<Weights, Grads, false>(weight, state, grad, dim, lr, weight_decay, eps);
+  }
+}
+
+// rowwise_adagrad_avx2 on a Float16 or BFloat16 row, with a float32 gradient or one of the row's type.
+template <class Grad>
+RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_half_avx2(ElementType type, uint16_t* weight, float* state,
+                                                          const Grad* grad, uint32_t dim, double lr,
+                                                          double weight_decay, double eps) {
+  constexpr bool kFloatGrad = std::is_same_v<Grad, float>;
+  if (type == ElementType::Float16) {
+    using Grads = std::conditional_t<kFloatGrad, Float32Elements, Float16Elements>;
+    rowwise_adagrad_any_decay_avx2<Float16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
+  } else {
+    using Grads = std::conditional_t<kFloatGrad, Float32Elements, BFloat16Elements>;
+    rowwise_adagrad_any_decay_avx2<BFloat16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
   }
 }
 #endif
@@ -365,7 +403,8 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
     done = adagrad_avx2(weight, state, grad, dim_, weight_decay_f_, eps_f_, neg_clr_f_);
   }
   if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
-    rowwise_adagrad_avx2<Float32Weights>(weight, state, grad, dim_, lr_, weight_decay_, eps_);
+    rowwise_adagrad_any_decay_avx2<Float32Elements, Float32Elements>(weight, state, grad, dim_, lr_, weight_decay_,
+                                                                     eps_);
     return;
   }
 #endif
@@ -373,21 +412,28 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
                       one_minus_beta2_, neg_step_size_f_);
 }
 
-void RowUpdate::apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
+template <class Grad>
+bool RowUpdate::rowwise_half_in_registers(ElementType type, void* weight, float* state, const Grad* grad) const {
 #ifdef RECDEV_STORE_AVX2_KERNELS
   if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
-    auto* halves = static_cast<uint16_t*>(weight);
-    if (type == ElementType::Float16) {
-      rowwise_adagrad_avx2<Float16Weights>(halves, state, grad, dim_, lr_, weight_decay_, eps_);
-    } else {
-      rowwise_adagrad_avx2<BFloat16Weights>(halves, state, grad, dim_, lr_, weight_decay_, eps_);
-    }
-    return;
+    rowwise_adagrad_half_avx2(type, static_cast<uint16_t*>(weight), state, grad, dim_, lr_, weight_decay_, eps_);
+    return true;
   }
 #endif
+  return false;
+}
+
+void RowUpdate::apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
+  if (rowwise_half_in_registers(type, weight, state, grad)) return;
   widen_to_float(type, weight, scratch, dim_);
   apply(scratch, state, grad);
   narrow_from_float(type, scratch, weight, dim_);
+}
+
+void RowUpdate::apply_half(ElementType type, void* weight, float* state, const uint16_t* grad, float* scratch) const {
+  if (rowwise_half_in_registers(type, weight, state, grad)) return;
+  widen_to_float(type, grad, scratch + dim_, dim_);
+  apply_half(type, weight, state, scratch + dim_, scratch);
 }
 
 void RowUpdate::apply(double* weight, double* state, const double* grad) const {

@@ -113,11 +113,18 @@ class RowUpdate {
   // A Float16 or BFloat16 row: widened, updated as apply(float*) updates it, each weight rounded once
   // to nearest even. scratch: dim floats the rule may use for the widened row.
   void apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const;
+  // The same with the gradient in the row's own type (widened exactly: the same update as with its
+  // float32 values). scratch: 2 * dim floats.
+  void apply_half(ElementType type, void* weight, float* state, const uint16_t* grad, float* scratch) const;
   bool stochastic_rounding() const { return stochastic_rounding_; }
   // The key of the rounding bits of row_id in this update (with stochastic_rounding()).
   uint64_t rounding_key(uint64_t row_id) const { return store::rounding_key(rounding_seed_, row_id, step_); }
 
  private:
+  // RowWiseAdagrad on a half row in registers (where the CPU has AVX2, FMA and F16C): whether it did.
+  template <class Grad>
+  bool rowwise_half_in_registers(ElementType type, void* weight, float* state, const Grad* grad) const;
+
   OptimizerKind kind_;
   uint32_t dim_;
   bool stochastic_rounding_;

@@ -1,38 +1,17 @@
 #include "pooled_gradients.h"
 
-#include <algorithm>
+#include <type_traits>
 
 #include "errors.h"
-#include "task_runner.h"
 
 namespace recdev::store {
 
-namespace {
-// Values widened per task, and per thread worth starting.
-constexpr size_t kWidenChunk = 64 * 1024;
-constexpr size_t kWidenPerThread = 256 * 1024;
-}  // namespace
-
-PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads, uint32_t dim, ElementType type) {
+template <class G>
+PooledGradients<G>::PooledGradients(const EmbeddingBag& bag, const G* bag_grads, uint32_t dim, ElementType type) {
   if (bag.mode == PoolingMode::Max) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "update_pooled: mode Max has no per-bag gradient (each element goes to the id that won it); "
                      "expand it per id and call update");
-  }
-  // Widening is exact, so a half Sum bag's rows need no rounding.
-  const float* bag_rows = static_cast<const float*>(bag_grads);
-  if (type != ElementType::Float32) {
-    const size_t count = bag.num_bags * size_t{dim};
-    // Not zero-filled first, and on both cores: a float16 training step's 16,384 x 128 gradients took
-    // 1.4 ms on one thread through a zeroed vector.
-    widened_ = std::make_unique_for_overwrite<float[]>(count);
-    const size_t chunks = (count + kWidenChunk - 1) / kWidenChunk;
-    run_tasks(chunks, threads_for(count, kWidenPerThread), [&](size_t chunk) {
-      const size_t first = chunk * kWidenChunk;
-      widen_to_float(type, static_cast<const uint16_t*>(bag_grads) + first, widened_.get() + first,
-                     std::min(kWidenChunk, count - first));
-    });
-    bag_rows = widened_.get();
   }
   bool skips_some = false;
   for (size_t position = 0; position < bag.num_ids && !skips_some; ++position) skips_some = bag.skips(position);
@@ -49,19 +28,34 @@ PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads,
   } else if (bag_copies) {
     scaled_.resize(bag.num_bags * size_t{dim});
   }
+  // A scaled share is computed in float32 and rounded into the table's type, as PyTorch's mul / div
+  // of the expanded half rows would round it.
+  std::vector<float> wide(std::is_same_v<G, float> ? 0 : dim);
+  std::vector<float> share(std::is_same_v<G, float> ? 0 : dim);
+  const auto scale = [&](const G* bag_grad, G* out, auto&& scaled_value) {
+    if constexpr (std::is_same_v<G, float>) {
+      for (uint32_t d = 0; d < dim; ++d) out[d] = scaled_value(bag_grad[d]);
+    } else {
+      for (uint32_t d = 0; d < dim; ++d) share[d] = scaled_value(wide[d]);
+      narrow_from_float(type, share.data(), out, dim);
+    }
+  };
   for (size_t b = 0; b < bag.num_bags; ++b) {
-    const float* bag_grad = bag_rows + b * dim;
+    const G* bag_grad = bag_grads + b * dim;
+    if constexpr (!std::is_same_v<G, float>) {
+      if (!scaled_.empty()) widen_to_float(type, bag_grad, wide.data(), dim);
+    }
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
     size_t count = 0;
     for (size_t position = begin; position < end; ++position) {
       if (bag.skips(position)) continue;
       if (skips_some) kept_ids_.push_back(bag.ids[position]);
-      const float* row = bag_grad;
+      const G* row = bag_grad;
       if (weighted) {
-        float* scaled = scaled_.data() + position * dim;
+        G* scaled = scaled_.data() + position * dim;
         const float weight = bag.per_sample_weights[position];
-        for (uint32_t d = 0; d < dim; ++d) scaled[d] = bag_grad[d] * weight;
+        scale(bag_grad, scaled, [weight](float value) { return value * weight; });
         row = scaled;
       } else if (bag_copies) {
         row = scaled_.data() + b * dim;
@@ -69,16 +63,16 @@ PooledGradients::PooledGradients(const EmbeddingBag& bag, const void* bag_grads,
       rows_.push_back(row);
       ++count;
     }
-    if (!weighted && bag.mode == PoolingMode::Mean && count > 0) {
-      float* scaled = scaled_.data() + b * dim;
+    if (bag_copies && count > 0) {
       const float divisor = float(count);
-      for (uint32_t d = 0; d < dim; ++d) scaled[d] = bag_grad[d] / divisor;
+      scale(bag_grad, scaled_.data() + b * dim, [divisor](float value) { return value / divisor; });
     }
   }
-  // A scaled share rounds into the table's type, as PyTorch's mul / div of the expanded half rows would.
-  round_through(type, scaled_.data(), scaled_.size());
-  values_ = scaled_.empty() ? bag_rows : scaled_.data();
+  values_ = scaled_.empty() ? bag_grads : scaled_.data();
   value_count_ = scaled_.empty() ? bag.num_bags * size_t{dim} : scaled_.size();
 }
+
+template class PooledGradients<float>;
+template class PooledGradients<uint16_t>;
 
 }  // namespace recdev::store

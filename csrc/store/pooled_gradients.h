@@ -8,15 +8,14 @@
 // bit for bit those of expanding first (PyTorch's index_select of the bag gradients, then mul / div
 // in float32), so the update is the same.
 //
-// The bag gradients come in the table's type, as update()'s per-id gradients do. Half-precision
-// tables' (Float16, BFloat16) are widened to float32 once, and each scaled share (Mean, per-
-// sample weights) is rounded back into the table's type, as PyTorch's mul / div of the expanded half
-// rows would round it: the same update as update() with those rows.
+// G is the type of the bag gradients, the table's own: float, or uint16_t for Float16 and BFloat16
+// tables. Half bag rows are used as they are — the optimizer widens them in registers, and a Sum bag
+// needs no other copy — and each scaled share (Mean, per-sample weights) is computed in float32 and
+// rounded back into the table's type, as PyTorch's mul / div of the expanded half rows would round it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "element_type.h"
@@ -24,32 +23,35 @@
 
 namespace recdev::store {
 
+template <class G>
 class PooledGradients {
  public:
   // bag: validated, with mode Sum or Mean; bag_grads: num_bags * dim elements of `type` (must
-  // outlive this); type: the table's (Float32, Float16 or BFloat16), dim its row's elements.
-  PooledGradients(const EmbeddingBag& bag, const void* bag_grads, uint32_t dim,
-                  ElementType type = ElementType::Float32);
+  // outlive this); type: the table's (Float32 for G = float, Float16 or BFloat16 for uint16_t), dim
+  // its row's elements.
+  PooledGradients(const EmbeddingBag& bag, const G* bag_grads, uint32_t dim, ElementType type);
 
   // The ids that get a gradient (batch order, skipped ones left out) and each one's gradient row.
   size_t size() const { return rows_.size(); }
   const uint64_t* ids() const { return ids_ != nullptr ? ids_ : kept_ids_.data(); }
-  const float* const* rows() const { return rows_.data(); }
+  const G* const* rows() const { return rows_.data(); }
 
-  // Every float the rows point into (and maybe some no id points at, e.g. an empty bag's gradient):
-  // checking these is enough to know every row is finite.
-  const float* values() const { return values_; }
+  // Every element the rows point into (and maybe some no id points at, e.g. an empty bag's
+  // gradient): checking these is enough to know every row is finite.
+  const G* values() const { return values_; }
   size_t value_count() const { return value_count_; }
 
  private:
   const uint64_t* ids_ = nullptr;  // the bag's own ids, when none is skipped
   std::vector<uint64_t> kept_ids_;
-  std::vector<const float*> rows_;
-  std::unique_ptr<float[]> widened_;  // a half table's bag gradients in float32
+  std::vector<const G*> rows_;
   // Mean: a row per bag; per-sample weights: a row per id.
-  std::vector<float> scaled_;
-  const float* values_ = nullptr;
+  std::vector<G> scaled_;
+  const G* values_ = nullptr;
   size_t value_count_ = 0;
 };
+
+extern template class PooledGradients<float>;
+extern template class PooledGradients<uint16_t>;
 
 }  // namespace recdev::store

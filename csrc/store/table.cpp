@@ -99,23 +99,27 @@ void for_each_prefetched(const RowIndex& index, size_t count, size_t record_byte
   }
 }
 
-// Whether every value is finite. Branch-free, so that it vectorizes: an exponent field of all ones
-// (inf or nan), and only that, carries into the sign bit when its lowest bit is added.
-bool all_finite(const float* values, size_t count) {
+// Whether none of count values, read as Bits, has an exponent field of all ones (inf or nan).
+// Branch-free, so that it vectorizes: such a field, and only that, carries into the sign bit when its
+// lowest bit (exponent_low) is added.
+template <class Bits>
+bool no_all_ones_exponent(const void* values, size_t count, Bits exponent, Bits exponent_low) {
   constexpr size_t kBlock = 64;  // a fixed inner trip count, which -O2 vectorizes
-  uint32_t carry = 0;
+  constexpr Bits kSign = Bits(Bits{1} << (8 * sizeof(Bits) - 1));
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  Bits carry = 0;
   size_t i = 0;
   for (; i + kBlock <= count; i += kBlock) {
-    uint32_t bits[kBlock];
-    std::memcpy(bits, values + i, sizeof(bits));
-    for (size_t k = 0; k < kBlock; ++k) carry |= (bits[k] & 0x7F800000u) + 0x00800000u;
+    Bits bits[kBlock];
+    std::memcpy(bits, bytes + i * sizeof(Bits), sizeof(bits));
+    for (size_t k = 0; k < kBlock; ++k) carry |= Bits((bits[k] & exponent) + exponent_low);
   }
   for (; i < count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, values + i, sizeof(bits));
-    carry |= (bits & 0x7F800000u) + 0x00800000u;
+    Bits bits;
+    std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof(bits));
+    carry |= Bits((bits & exponent) + exponent_low);
   }
-  return (carry & 0x80000000u) == 0;
+  return (carry & kSign) == 0;
 }
 
 // Splits the byte range [byte_offset, byte_offset + nbytes) of a dense array of row_bytes-sized rows
@@ -155,15 +159,28 @@ void fill_state_words(ElementType dtype, float* state, uint32_t words, double va
   for (uint32_t w = 0; w + 2 <= words; w += 2) std::memcpy(state + w, &value, sizeof(double));
 }
 
-// Whether every value is finite (any type): the plain loop, for the types all_finite does not cover.
-template <class T>
-bool all_finite_values(const T* values, size_t count) {
-  if constexpr (std::is_same_v<T, float>) {
-    return all_finite(values, count);
+// Whether every value is finite: values of a table's gradient type G, elements of `type`.
+template <class G>
+bool all_finite_values(ElementType type, const G* values, size_t count) {
+  if constexpr (std::is_same_v<G, float>) {
+    return no_all_ones_exponent<uint32_t>(values, count, 0x7F800000u, 0x00800000u);
+  } else if constexpr (std::is_same_v<G, uint16_t>) {
+    return type == ElementType::Float16 ? no_all_ones_exponent<uint16_t>(values, count, 0x7C00, 0x0400)
+                                        : no_all_ones_exponent<uint16_t>(values, count, 0x7F80, 0x0080);
   } else {
     bool finite = true;
     for (size_t i = 0; i < count; ++i) finite &= std::isfinite(values[i]);
     return finite;
+  }
+}
+
+// An element of a gradient row as a double (exactly): widened from `type` for half tables.
+template <class G>
+double element_value(ElementType type, G value) {
+  if constexpr (std::is_same_v<G, uint16_t>) {
+    return type == ElementType::Float16 ? half_to_float(value) : bfloat16_to_float(value);
+  } else {
+    return value;
   }
 }
 
@@ -976,10 +993,10 @@ void Table::update(const uint64_t* ids, size_t n, const void* grads) {
   const size_t elements = elements_;
   const size_t count = n * elements;
   const auto run = [&](const auto* values) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(values)>>;
-    std::vector<const T*> rows(n);
+    using G = std::remove_const_t<std::remove_pointer_t<decltype(values)>>;
+    std::vector<const G*> rows(n);
     for (size_t i = 0; i < n; ++i) rows[i] = values + i * elements;
-    apply_gradients_with_policy<T>(ids, n, rows.data(), values, count);
+    apply_gradients_with_policy<G>(ids, n, rows.data(), values, count);
   };
   switch (dtype_) {
     case ElementType::Float32: run(static_cast<const float*>(grads)); return;
@@ -990,12 +1007,7 @@ void Table::update(const uint64_t* ids, size_t n, const void* grads) {
       run(static_cast<const double*>(wide.data()));
       return;
     }
-    default: {
-      std::vector<float> wide(count);
-      widen_to_float(dtype_, grads, wide.data(), count);
-      run(static_cast<const float*>(wide.data()));
-      return;
-    }
+    default: run(static_cast<const uint16_t*>(grads)); return;  // half: widened as the rule loads them
   }
 }
 
@@ -1010,19 +1022,27 @@ void Table::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
-  const PooledGradients gradients(bag, bag_grads, elements_, dtype_);
-  apply_gradients_with_policy<float>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
-                                     gradients.value_count());
+  const auto run = [&](const auto* typed_bag_grads) {
+    using G = std::remove_const_t<std::remove_pointer_t<decltype(typed_bag_grads)>>;
+    const PooledGradients<G> gradients(bag, typed_bag_grads, elements_, dtype_);
+    apply_gradients_with_policy<G>(gradients.ids(), gradients.size(), gradients.rows(), gradients.values(),
+                                   gradients.value_count());
+  };
+  if (dtype_ == ElementType::Float32) {
+    run(static_cast<const float*>(bag_grads));
+  } else {
+    run(static_cast<const uint16_t*>(bag_grads));
+  }
 }
 
-template <class T>
-void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+template <class G>
+void Table::apply_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                             bool gradients_checked) {
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   require_optimizer(id_, optimizer_.kind);
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
   if (!gradients_checked) check_gradients(ids, n, grads, values, value_count, threads);
-  const CoalescedGradients<T> coalesced(ids, n, grads, elements_, threads);
+  const CoalescedGradients<G> coalesced(ids, n, grads, dtype_, elements_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
     throw StoreError(ErrorCode::InvalidArgument,
                      "update of table " + std::to_string(id_) + " refused: the summed gradient of row id " +
@@ -1032,16 +1052,16 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const T* const* grads
 
   const uint64_t step = step_.fetch_add(1) + 1;
   const RowUpdate rule(optimizer_, step, elements_);
-  run_tasks(kNumShards, threads, [&](size_t s) { apply_update<T>(shards_[s], coalesced.rows(s), rule); });
+  run_tasks(kNumShards, threads, [&](size_t s) { apply_update<G>(shards_[s], coalesced.rows(s), rule); });
   updates_.fetch_add(coalesced.size(), std::memory_order_relaxed);
 }
 
-template <class T>
-void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
+template <class G>
+void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const G* const* grads, const G* values,
                                         size_t value_count) {
   PolicyPass pass = open_policy_pass();
   if (!pass.policed()) {
-    apply_gradients<T>(ids, n, grads, values, value_count);
+    apply_gradients<G>(ids, n, grads, values, value_count);
     return;
   }
   {
@@ -1052,23 +1072,23 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* 
   }
   decide(pass, ids, n, Touch::Update);
   if (pass.decision->all_stored) {
-    apply_gradients<T>(ids, n, grads, values, value_count, /*gradients_checked=*/true);
+    apply_gradients<G>(ids, n, grads, values, value_count, /*gradients_checked=*/true);
     return;
   }
   // Rows pending admission keep their init value: their gradients are dropped.
   std::vector<uint64_t> stored_ids;
-  std::vector<const T*> stored_grads;
+  std::vector<const G*> stored_grads;
   for (size_t i = 0; i < n; ++i) {
     if (!pass.decision->stored[i]) continue;
     stored_ids.push_back(ids[i]);
     stored_grads.push_back(grads[i]);
   }
-  apply_gradients<T>(stored_ids.data(), stored_ids.size(), stored_grads.data(), values, value_count,
+  apply_gradients<G>(stored_ids.data(), stored_ids.size(), stored_grads.data(), values, value_count,
                      /*gradients_checked=*/true);
 }
 
-template <class T>
-void Table::check_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+template <class G>
+void Table::check_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                             size_t threads) const {
   const size_t dim = elements_;
   const size_t chunk_floats = kFiniteCheckRows * dim;
@@ -1076,60 +1096,74 @@ void Table::check_gradients(const uint64_t* ids, size_t n, const T* const* grads
   std::atomic<bool> all_ok{true};
   run_tasks(num_chunks, threads, [&](size_t chunk) {
     const size_t first = chunk * chunk_floats;
-    if (!all_finite_values(values + first, std::min(chunk_floats, value_count - first))) {
+    if (!all_finite_values(dtype_, values + first, std::min(chunk_floats, value_count - first))) {
       all_ok.store(false, std::memory_order_relaxed);
     }
   });
   if (all_ok.load()) return;
   // Name the first bad value in batch order (a bad value no id's row holds is harmless).
   for (size_t i = 0; i < n; ++i) {
-    const T* row = grads[i];
+    const G* row = grads[i];
     for (size_t d = 0; d < dim; ++d) {
-      if (!std::isfinite(row[d])) {
+      if (const double value = element_value(dtype_, row[d]); !std::isfinite(value)) {
         throw StoreError(ErrorCode::InvalidArgument,
                          "update of table " + std::to_string(id_) + " refused: the gradient of row id " +
                              std::to_string(ids[i]) + " (ids[" + std::to_string(i) + "]) holds " +
-                             (std::isnan(row[d]) ? "nan" : "inf") + " at column " + std::to_string(d) +
+                             (std::isnan(value) ? "nan" : "inf") + " at column " + std::to_string(d) +
                              "; nothing was applied");
       }
     }
   }
 }
 
-template <class T>
-void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradients<T>::Row>& rows,
+template <class G>
+void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradients<G>::Row>& rows,
                          const RowUpdate& rule) {
+  using Sum = typename CoalescedGradients<G>::Sum;
   if (rows.empty()) return;
   std::unique_lock<std::shared_mutex> lock(shard.mutex);
   const size_t record_bytes = size_t{record_floats_} * sizeof(float);
-  const size_t grad_bytes = size_t{elements_} * sizeof(T);
+  const size_t grad_bytes = size_t{elements_} * sizeof(G);
+  const size_t sum_bytes = size_t{elements_} * sizeof(Sum);
   const size_t state_words = record_floats_ - dim_;
-  // Half rows are updated in float32 with their float32 state in place and rounded once;
-  // float64 records are copied out and back (a record's words need not be 8-byte aligned for a
-  // double's access rules).
-  std::vector<T> weight(dtype_ == ElementType::Float32 ? 0 : elements_);
-  std::vector<double> state(dtype_ == ElementType::Float64 ? state_words / 2 : 0);
+  // Half rows are updated in float32 with their float32 state in place and rounded once (scratch:
+  // the widened row and gradient); float64 records are copied out and back (a record's words need not
+  // be 8-byte aligned for a double's access rules).
+  std::vector<Sum> scratch(std::is_same_v<G, float> ? 0 : 2 * size_t{elements_});
+  std::vector<double> state(std::is_same_v<G, double> ? state_words / 2 : 0);
   for_each_prefetched(
       shard.rows, rows.size(), record_bytes, [&](size_t k) { return rows[k].hash; },
-      [&](size_t k) { prefetch_range(rows[k].grad, grad_bytes); },
-      [&](size_t k, float* found) {
-        float* record = found != nullptr ? found : materialize(shard, rows[k].id, rows[k].hash);
-        if constexpr (std::is_same_v<T, double>) {
-          std::memcpy(weight.data(), record, elements_ * sizeof(double));
-          std::memcpy(state.data(), record + dim_, state_words * sizeof(float));
-          rule.apply(weight.data(), state.data(), rows[k].grad);
-          std::memcpy(record, weight.data(), elements_ * sizeof(double));
-          std::memcpy(record + dim_, state.data(), state_words * sizeof(float));
-        } else if (dtype_ == ElementType::Float32) {
-          rule.apply(record, record + dim_, rows[k].grad);
+      [&](size_t k) {
+        if (rows[k].grad != nullptr) {
+          prefetch_range(rows[k].grad, grad_bytes);
         } else {
-          if (rule.stochastic_rounding()) {
-            widen_to_float(dtype_, record, weight.data(), elements_);
-            rule.apply(weight.data(), record + dim_, rows[k].grad);
-            narrow_stochastic(dtype_, weight.data(), record, elements_, rule.rounding_key(rows[k].id));
-          } else {
-            rule.apply_half(dtype_, record, record + dim_, rows[k].grad, weight.data());
+          prefetch_range(rows[k].sum, sum_bytes);
+        }
+      },
+      [&](size_t k, float* found) {
+        const auto& row = rows[k];
+        float* record = found != nullptr ? found : materialize(shard, row.id, row.hash);
+        if constexpr (std::is_same_v<G, double>) {
+          std::memcpy(scratch.data(), record, elements_ * sizeof(double));
+          std::memcpy(state.data(), record + dim_, state_words * sizeof(float));
+          rule.apply(scratch.data(), state.data(), row.sum != nullptr ? row.sum : row.grad);
+          std::memcpy(record, scratch.data(), elements_ * sizeof(double));
+          std::memcpy(record + dim_, state.data(), state_words * sizeof(float));
+        } else if constexpr (std::is_same_v<G, float>) {
+          rule.apply(record, record + dim_, row.sum != nullptr ? row.sum : row.grad);
+        } else if (rule.stochastic_rounding()) {
+          const float* grad = row.sum;
+          if (grad == nullptr) {
+            widen_to_float(dtype_, row.grad, scratch.data() + elements_, elements_);
+            grad = scratch.data() + elements_;
           }
+          widen_to_float(dtype_, record, scratch.data(), elements_);
+          rule.apply(scratch.data(), record + dim_, grad);
+          narrow_stochastic(dtype_, scratch.data(), record, elements_, rule.rounding_key(row.id));
+        } else if (row.sum != nullptr) {
+          rule.apply_half(dtype_, record, record + dim_, row.sum, scratch.data());
+        } else {
+          rule.apply_half(dtype_, record, record + dim_, row.grad, scratch.data());
         }
       });
 }

@@ -356,8 +356,8 @@ class Table {
   // The rows this table holds, for a policy without touch metadata; under policy_mutex_.
   HeldRows held_rows() const;
   // update's core behind the policy: drops the gradients of rows the policy does not store.
-  template <class T>
-  void apply_gradients_with_policy(const uint64_t* ids, size_t n, const T* const* grads, const T* values,
+  template <class G>
+  void apply_gradients_with_policy(const uint64_t* ids, size_t n, const G* const* grads, const G* values,
                                    size_t value_count);
   // Erases rows (no checks, request_mutex_ held shared by the caller); erase_row: one, under its
   // sub-shard's write lock.
@@ -396,16 +396,17 @@ class Table {
   void reindex_all_rows() const;
   // check_gradients throws unless every gradient is finite (naming the first bad one in batch order);
   // apply_update applies one sub-shard's coalesced gradients under its lock.
-  // apply_gradients: update's core, for n ids with their gradient rows; every row's floats are among
-  // the value_count floats at values, which the finite check reads (unless the caller checked them).
-  template <class T>
-  void apply_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+  // apply_gradients: update's core, for n ids with their gradient rows; every row's elements are among
+  // the value_count at values, which the finite check reads (unless the caller checked them). G is the
+  // gradients' element type: float, uint16_t (Float16 and BFloat16 tables) or double.
+  template <class G>
+  void apply_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                        bool gradients_checked = false);
-  template <class T>
-  void check_gradients(const uint64_t* ids, size_t n, const T* const* grads, const T* values, size_t value_count,
+  template <class G>
+  void check_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                        size_t threads) const;
-  template <class T>
-  void apply_update(Shard& shard, const std::vector<typename CoalescedGradients<T>::Row>& rows, const RowUpdate& rule);
+  template <class G>
+  void apply_update(Shard& shard, const std::vector<typename CoalescedGradients<G>::Row>& rows, const RowUpdate& rule);
   // A row's weight words: its init value (rule, stream) in the element type.
   void fill_weight(uint64_t row_id, float* words) const;
   // A new record's state words: the optimizer's initial state in the compute type.

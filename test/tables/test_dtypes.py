@@ -254,8 +254,8 @@ def backward_both_ways(pooled, per_id, ids, offsets, grad, pooling, weights=None
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_bag_gradients_of_a_large_batch_update_a_half_table_as_per_id_gradients_do(dtype):
-    # 6,000 bags of dim 64: the store widens the bag gradients in chunks on both threads, the last
-    # chunk a partial one.
+    # 6,000 bags of dim 64: the store checks the half bag gradients on both threads and hands them to
+    # the optimizer as they are, without a widened copy.
     pooled, init = table_of(dtype, rows=3000, dim=64)
     per_id, _ = table_of(dtype, rows=3000, dim=64)
     optimizers = rd_optim.RowWiseAdagrad([pooled], lr=0.05), rd_optim.RowWiseAdagrad([per_id], lr=0.05)
@@ -268,6 +268,31 @@ def test_bag_gradients_of_a_large_batch_update_a_half_table_as_per_id_gradients_
         optimizer.step()
     assert torch.equal(read(pooled).view(torch.int16), read(per_id).view(torch.int16))
     assert not torch.equal(read(pooled), init), "training moved nothing"
+
+
+@pytest.mark.parametrize("ids, dim, bad_at", [(4, 8, (2, 5)), (600, 64, (450, 37))], ids=["small", "blocks"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_non_finite_half_gradient_is_refused_with_nothing_applied(dtype, bad, ids, dim, bad_at):
+    # The store reads a half table's gradients in their own type: a nan or inf among them is found by
+    # its exponent bits (in blocks of 64 and in the tail), while the largest finite value is not.
+    weight, _ = table_of(dtype, rows=1000, dim=dim)
+    optimizer = rd_optim.RowWiseAdagrad([weight], lr=0.05)
+    index = torch.arange(ids) * 7 % 1000
+    extreme = torch.full((ids, dim), torch.finfo(dtype).max, dtype=dtype)
+    extreme[:, 1] = torch.finfo(dtype).smallest_normal / 4  # subnormal
+    F.embedding(index.to("recdev"), weight).backward(extreme.to("recdev"))
+    optimizer.step()
+    before = read(weight)
+    grad = torch.ones(ids, dim, dtype=dtype)
+    grad[bad_at] = bad
+    row = int(index[bad_at[0]])
+    # (Raised in backward, where autograd reports what a kernel raised as a RuntimeError.)
+    message = rf"row id {row} .*holds (nan|inf) at column {bad_at[1]}; nothing was applied"
+    with pytest.raises(RuntimeError, match=message):
+        F.embedding(index.to("recdev"), weight).backward(grad.to("recdev"))
+        optimizer.step()
+    assert torch.equal(read(weight).view(torch.int16), before.view(torch.int16))
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
