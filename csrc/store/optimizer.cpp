@@ -62,7 +62,8 @@ bool same_bits(double lhs, double rhs) { return std::memcmp(&lhs, &rhs, sizeof(d
 
 // RowWiseAdagrad (see RowUpdate::apply): the decayed gradient's squares of elements [begin, end),
 // summed in order into sum_square. Without weight decay the weights are not read (as torch.optim
-// adds no decay term then), which only an infinite weight could tell apart.
+// adds no decay term then), which only a non-finite weight could tell apart: 0 * inf or 0 * nan
+// made the whole row's square sum nan, where now only that element stays nan.
 template <class T>
 double rowwise_square_sum(const T* weight, const T* grad, uint32_t begin, uint32_t end, double weight_decay,
                           double sum_square) {
@@ -423,17 +424,20 @@ bool RowUpdate::rowwise_half_in_registers(ElementType type, void* weight, float*
   return false;
 }
 
-void RowUpdate::apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
-  if (rowwise_half_in_registers(type, weight, state, grad)) return;
+void RowUpdate::apply_widened(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
   widen_to_float(type, weight, scratch, dim_);
   apply(scratch, state, grad);
   narrow_from_float(type, scratch, weight, dim_);
 }
 
+void RowUpdate::apply_half(ElementType type, void* weight, float* state, const float* grad, float* scratch) const {
+  if (!rowwise_half_in_registers(type, weight, state, grad)) apply_widened(type, weight, state, grad, scratch);
+}
+
 void RowUpdate::apply_half(ElementType type, void* weight, float* state, const uint16_t* grad, float* scratch) const {
   if (rowwise_half_in_registers(type, weight, state, grad)) return;
   widen_to_float(type, grad, scratch + dim_, dim_);
-  apply_half(type, weight, state, scratch + dim_, scratch);
+  apply_widened(type, weight, state, scratch + dim_, scratch);
 }
 
 void RowUpdate::apply(double* weight, double* state, const double* grad) const {

@@ -124,6 +124,8 @@ class RowUpdate {
   // RowWiseAdagrad on a half row in registers (where the CPU has AVX2, FMA and F16C): whether it did.
   template <class Grad>
   bool rowwise_half_in_registers(ElementType type, void* weight, float* state, const Grad* grad) const;
+  // Any other rule on a half row: widened into scratch (dim floats), apply(float*), narrowed back.
+  void apply_widened(ElementType type, void* weight, float* state, const float* grad, float* scratch) const;
 
   OptimizerKind kind_;
   uint32_t dim_;

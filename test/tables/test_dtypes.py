@@ -147,24 +147,41 @@ def rowwise_square_sums(squares, lanes):
     return total
 
 
+def summed_in_first_occurrence_order(ids, grads):
+    """The distinct ids in the order they first occur, and each one's gradient rows summed in float32
+    in batch order, as the store coalesces a batch's repeated ids."""
+    distinct = list(dict.fromkeys(ids.tolist()))
+    sums = torch.zeros(len(distinct), grads.shape[1], dtype=torch.float32)
+    for k, row in enumerate(distinct):
+        for position in (ids == row).nonzero().flatten().tolist():
+            sums[k] = sums[k] + grads[position].float()
+    return torch.tensor(distinct), sums
+
+
+@pytest.mark.parametrize("repeats", [False, True], ids=["distinct", "repeated"])
+@pytest.mark.parametrize("decay", [0.01, 0.0])
 @pytest.mark.parametrize("dim", [8, 20, 128])
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_rowwise_adagrad_on_half_rows_rounds_the_float32_update_once(dtype, dim):
+def test_rowwise_adagrad_on_half_rows_rounds_the_float32_update_once(dtype, dim, decay, repeats):
     # The store updates half rows in registers (widened, the rule's double arithmetic, each weight
     # rounded to float32 and then once to the half type, to nearest even). This is that rule written
     # out, bit for bit: the tolerance of test_fifty_steps_match_the_reference would hide a wrong
-    # rounding of the last bit.
-    lr, eps, decay = 0.05, 1e-10, 0.01
+    # rounding of the last bit. Without decay the kernel reads no weight in its first pass; an id
+    # named twice gets its rows' float32 sum, where a distinct one gets its half gradient as it is.
+    lr, eps = 0.05, 1e-10
     weight, init = table_of(dtype, dim=dim)
     optimizer = rd_optim.RowWiseAdagrad([weight], lr=lr, eps=eps, weight_decay=decay)
     rows, accumulators = init.clone(), torch.zeros(ROWS, dtype=torch.float32)
     gen = torch.Generator().manual_seed(dim)
     for _ in range(10):
-        ids = torch.randperm(TOUCHED, generator=gen)[:12]
-        grads = torch.randn(12, dim, generator=gen).to(dtype)
+        picked = torch.randperm(TOUCHED, generator=gen)
+        batch = picked[:6].repeat(2)[torch.randperm(12, generator=gen)] if repeats else picked[:12]
+        batch_grads = torch.randn(12, dim, generator=gen).to(dtype)
         optimizer.zero_grad()
-        (F.embedding(ids.to("recdev"), weight) * grads.to("recdev")).sum().backward()
+        (F.embedding(batch.to("recdev"), weight) * batch_grads.to("recdev")).sum().backward()
         optimizer.step()
+        ids, grads = summed_in_first_occurrence_order(batch, batch_grads)
+        assert len(ids) == (6 if repeats else 12)
         w, g = rows[ids].double(), grads.double()
         squares = (g + decay * w) ** 2
         candidates = []
