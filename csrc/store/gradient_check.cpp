@@ -11,54 +11,119 @@
 namespace recdev::store {
 namespace {
 
-template <class T>
-void check_rows(const T* values, uint32_t elements, const uint64_t* ids, size_t n, const std::string& label) {
-  for (size_t i = 0; i < n; ++i) {
-    const T* row = values + i * elements;
-    for (uint32_t d = 0; d < elements; ++d) {
-      if (!std::isfinite(row[d])) {
-        throw StoreError(ErrorCode::InvalidArgument,
-                         "update of " + label + " refused: the gradient of row id " + std::to_string(ids[i]) +
-                             " (ids[" + std::to_string(i) + "]) holds " + (std::isnan(row[d]) ? "nan" : "inf") +
-                             " at column " + std::to_string(d) + "; nothing was applied");
-      }
-    }
+// Whether none of count values, read as Bits, has an exponent field of all ones (inf or nan).
+// Branch-free, so that it vectorizes: such a field, and only that, carries into the sign bit when its
+// lowest bit (exponent_low) is added.
+template <class Bits>
+bool no_all_ones_exponent(const void* values, size_t count, Bits exponent, Bits exponent_low) {
+  constexpr size_t kBlock = 64;  // a fixed inner trip count, which -O2 vectorizes
+  constexpr Bits kSign = Bits(Bits{1} << (8 * sizeof(Bits) - 1));
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  Bits carry = 0;
+  size_t i = 0;
+  for (; i + kBlock <= count; i += kBlock) {
+    Bits bits[kBlock];
+    std::memcpy(bits, bytes + i * sizeof(Bits), sizeof(bits));
+    for (size_t k = 0; k < kBlock; ++k) carry |= Bits((bits[k] & exponent) + exponent_low);
   }
-  constexpr ElementType type = std::is_same_v<T, double> ? ElementType::Float64 : ElementType::Float32;
-  std::vector<const T*> rows(n);
+  for (; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof(bits));
+    carry |= Bits((bits & exponent) + exponent_low);
+  }
+  return (carry & kSign) == 0;
+}
+
+// An element of a gradient row as a double (exactly): widened from `type` for half rows.
+template <class G>
+double element_value(ElementType type, G value) {
+  if constexpr (std::is_same_v<G, uint16_t>) {
+    return type == ElementType::Float16 ? half_to_float(value) : bfloat16_to_float(value);
+  } else {
+    return value;
+  }
+}
+
+template <class G>
+void check_packed_rows(ElementType type, const G* values, uint32_t elements, const uint64_t* ids, size_t n,
+                       const std::string& label) {
+  std::vector<const G*> rows(n);
   for (size_t i = 0; i < n; ++i) rows[i] = values + i * elements;
-  if (const auto overflow = CoalescedGradients<T>(ids, n, rows.data(), type, elements, 1).first_overflow()) {
-    throw StoreError(ErrorCode::InvalidArgument, "update of " + label + " refused: the summed gradient of row id " +
-                                                     std::to_string(overflow->row_id) + " overflows to inf at column " +
-                                                     std::to_string(overflow->column) + "; nothing was applied");
+  if (!all_finite_values(type, values, n * size_t{elements})) {
+    refuse_first_non_finite(type, ids, n, rows.data(), elements, label);
+  }
+  if (const auto overflow = CoalescedGradients<G>(ids, n, rows.data(), type, elements, 1).first_overflow()) {
+    refuse_overflowing_sum(overflow->row_id, overflow->column, label);
   }
 }
 
 }  // namespace
 
+template <class G>
+bool all_finite_values(ElementType type, const G* values, size_t count) {
+  if constexpr (std::is_same_v<G, float>) {
+    return no_all_ones_exponent<uint32_t>(values, count, 0x7F800000u, 0x00800000u);
+  } else if constexpr (std::is_same_v<G, uint16_t>) {
+    return type == ElementType::Float16 ? no_all_ones_exponent<uint16_t>(values, count, 0x7C00, 0x0400)
+                                        : no_all_ones_exponent<uint16_t>(values, count, 0x7F80, 0x0080);
+  } else {
+    return no_all_ones_exponent<uint64_t>(values, count, 0x7FF0000000000000u, 0x0010000000000000u);
+  }
+}
+
+template <class G>
+void refuse_first_non_finite(ElementType type, const uint64_t* ids, size_t n, const G* const* rows,
+                             uint32_t elements, const std::string& label) {
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t d = 0; d < elements; ++d) {
+      if (const double value = element_value(type, rows[i][d]); !std::isfinite(value)) {
+        throw StoreError(ErrorCode::InvalidArgument,
+                         "update of " + label + " refused: the gradient of row id " + std::to_string(ids[i]) +
+                             " (ids[" + std::to_string(i) + "]) holds " + (std::isnan(value) ? "nan" : "inf") +
+                             " at column " + std::to_string(d) + "; nothing was applied");
+      }
+    }
+  }
+}
+
+void refuse_overflowing_sum(uint64_t row_id, uint32_t column, const std::string& label) {
+  throw StoreError(ErrorCode::InvalidArgument, "update of " + label + " refused: the summed gradient of row id " +
+                                                   std::to_string(row_id) + " overflows to inf at column " +
+                                                   std::to_string(column) + "; nothing was applied");
+}
+
 void check_update_gradients(ElementType dtype, uint32_t elements, const uint64_t* ids, size_t n, const void* grads,
                             const std::string& label) {
-  const size_t count = n * size_t{elements};
   switch (dtype) {
-    case ElementType::Float32: check_rows(static_cast<const float*>(grads), elements, ids, n, label); return;
+    case ElementType::Float32:
+      check_packed_rows(dtype, static_cast<const float*>(grads), elements, ids, n, label);
+      return;
     case ElementType::Float64: {
-      std::vector<double> wide(count);
-      if (count > 0) std::memcpy(wide.data(), grads, count * sizeof(double));
-      check_rows(wide.data(), elements, ids, n, label);
+      // A copy: a request's payload need not be 8-byte aligned, as a double's access rules want.
+      std::vector<double> aligned(n * size_t{elements});
+      if (!aligned.empty()) std::memcpy(aligned.data(), grads, aligned.size() * sizeof(double));
+      check_packed_rows(dtype, aligned.data(), elements, ids, n, label);
       return;
     }
     case ElementType::Float16:
-    case ElementType::BFloat16: {
-      std::vector<float> wide(count);
-      widen_to_float(dtype, grads, wide.data(), count);
-      check_rows(wide.data(), elements, ids, n, label);
+    case ElementType::BFloat16:
+      check_packed_rows(dtype, static_cast<const uint16_t*>(grads), elements, ids, n, label);
       return;
-    }
     case ElementType::Bytes:
       throw StoreError(ErrorCode::InvalidArgument, "update of " + label +
                                                        " refused: its rows are of a non-floating dtype, which the "
                                                        "store cannot train");
   }
 }
+
+template bool all_finite_values<float>(ElementType, const float*, size_t);
+template bool all_finite_values<uint16_t>(ElementType, const uint16_t*, size_t);
+template bool all_finite_values<double>(ElementType, const double*, size_t);
+template void refuse_first_non_finite<float>(ElementType, const uint64_t*, size_t, const float* const*, uint32_t,
+                                             const std::string&);
+template void refuse_first_non_finite<uint16_t>(ElementType, const uint64_t*, size_t, const uint16_t* const*, uint32_t,
+                                                const std::string&);
+template void refuse_first_non_finite<double>(ElementType, const uint64_t*, size_t, const double* const*, uint32_t,
+                                              const std::string&);
 
 }  // namespace recdev::store

@@ -10,6 +10,7 @@
 
 #include "coalesce.h"
 #include "errors.h"
+#include "gradient_check.h"
 #include "pooled_gradients.h"
 #include "prefetch.h"
 #include "row_copier.h"
@@ -99,29 +100,6 @@ void for_each_prefetched(const RowIndex& index, size_t count, size_t record_byte
   }
 }
 
-// Whether none of count values, read as Bits, has an exponent field of all ones (inf or nan).
-// Branch-free, so that it vectorizes: such a field, and only that, carries into the sign bit when its
-// lowest bit (exponent_low) is added.
-template <class Bits>
-bool no_all_ones_exponent(const void* values, size_t count, Bits exponent, Bits exponent_low) {
-  constexpr size_t kBlock = 64;  // a fixed inner trip count, which -O2 vectorizes
-  constexpr Bits kSign = Bits(Bits{1} << (8 * sizeof(Bits) - 1));
-  const auto* bytes = static_cast<const unsigned char*>(values);
-  Bits carry = 0;
-  size_t i = 0;
-  for (; i + kBlock <= count; i += kBlock) {
-    Bits bits[kBlock];
-    std::memcpy(bits, bytes + i * sizeof(Bits), sizeof(bits));
-    for (size_t k = 0; k < kBlock; ++k) carry |= Bits((bits[k] & exponent) + exponent_low);
-  }
-  for (; i < count; ++i) {
-    Bits bits;
-    std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof(bits));
-    carry |= Bits((bits & exponent) + exponent_low);
-  }
-  return (carry & kSign) == 0;
-}
-
 // Splits the byte range [byte_offset, byte_offset + nbytes) of a dense array of row_bytes-sized rows
 // into a partial first row, batches of whole rows and a partial last row:
 //   part(row, byte_in_row, nbytes, data_offset)    whole(ids, count, data_offset)
@@ -157,31 +135,6 @@ void fill_state_words(ElementType dtype, float* state, uint32_t words, double va
     return;
   }
   for (uint32_t w = 0; w + 2 <= words; w += 2) std::memcpy(state + w, &value, sizeof(double));
-}
-
-// Whether every value is finite: values of a table's gradient type G, elements of `type`.
-template <class G>
-bool all_finite_values(ElementType type, const G* values, size_t count) {
-  if constexpr (std::is_same_v<G, float>) {
-    return no_all_ones_exponent<uint32_t>(values, count, 0x7F800000u, 0x00800000u);
-  } else if constexpr (std::is_same_v<G, uint16_t>) {
-    return type == ElementType::Float16 ? no_all_ones_exponent<uint16_t>(values, count, 0x7C00, 0x0400)
-                                        : no_all_ones_exponent<uint16_t>(values, count, 0x7F80, 0x0080);
-  } else {
-    bool finite = true;
-    for (size_t i = 0; i < count; ++i) finite &= std::isfinite(values[i]);
-    return finite;
-  }
-}
-
-// An element of a gradient row as a double (exactly): widened from `type` for half tables.
-template <class G>
-double element_value(ElementType type, G value) {
-  if constexpr (std::is_same_v<G, uint16_t>) {
-    return type == ElementType::Float16 ? half_to_float(value) : bfloat16_to_float(value);
-  } else {
-    return value;
-  }
 }
 
 void require_optimizer(uint64_t table, OptimizerKind kind) {
@@ -1044,10 +997,7 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const G* const* grads
   if (!gradients_checked) check_gradients(ids, n, grads, values, value_count, threads);
   const CoalescedGradients<G> coalesced(ids, n, grads, dtype_, elements_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
-    throw StoreError(ErrorCode::InvalidArgument,
-                     "update of table " + std::to_string(id_) + " refused: the summed gradient of row id " +
-                         std::to_string(overflow->row_id) + " overflows to inf at column " +
-                         std::to_string(overflow->column) + "; nothing was applied");
+    refuse_overflowing_sum(overflow->row_id, overflow->column, "table " + std::to_string(id_));
   }
 
   const uint64_t step = step_.fetch_add(1) + 1;
@@ -1102,18 +1052,7 @@ void Table::check_gradients(const uint64_t* ids, size_t n, const G* const* grads
   });
   if (all_ok.load()) return;
   // Name the first bad value in batch order (a bad value no id's row holds is harmless).
-  for (size_t i = 0; i < n; ++i) {
-    const G* row = grads[i];
-    for (size_t d = 0; d < dim; ++d) {
-      if (const double value = element_value(dtype_, row[d]); !std::isfinite(value)) {
-        throw StoreError(ErrorCode::InvalidArgument,
-                         "update of table " + std::to_string(id_) + " refused: the gradient of row id " +
-                             std::to_string(ids[i]) + " (ids[" + std::to_string(i) + "]) holds " +
-                             (std::isnan(value) ? "nan" : "inf") + " at column " + std::to_string(d) +
-                             "; nothing was applied");
-      }
-    }
-  }
+  refuse_first_non_finite(dtype_, ids, n, grads, elements_, "table " + std::to_string(id_));
 }
 
 template <class G>
