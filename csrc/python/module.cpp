@@ -12,6 +12,7 @@
 #include "python/table_serialization.h"
 
 #include "store/chunk_pool.h"
+#include "store/cpu_features.h"
 #include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
@@ -97,6 +98,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &device::table_stats);
+  m.def("_store_kernel_capability", &recdev::store::store_kernel_capability);
   device::bind_table_api(m);
   device::bind_table_serialization(m);
   recdev::store::bind(m);

@@ -124,24 +124,65 @@ RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const f
   return d;
 }
 
+// The GCC vectors of a kernel kLanes elements wide (4: AVX2, 8: AVX-512); they compile for the
+// target of the kernel they are used in. (Spelled out per width: GCC drops a vector_size that
+// depends on a template parameter.)
+template <size_t kLanes>
+struct Lanes;
+template <>
+struct Lanes<4> {
+  using Floats = float __attribute__((vector_size(16)));
+  using Doubles = double __attribute__((vector_size(32)));
+  using Words = uint32_t __attribute__((vector_size(16)));
+  using Halves = uint16_t __attribute__((vector_size(8)));
+};
+template <>
+struct Lanes<8> {
+  using Floats = float __attribute__((vector_size(32)));
+  using Doubles = double __attribute__((vector_size(64)));
+  using Words = uint32_t __attribute__((vector_size(32)));
+  using Halves = uint16_t __attribute__((vector_size(16)));
+};
+
 // How the vector rules read a row's weights and gradients and write its weights, stored as float32,
 // float16 or bfloat16: widened exactly as they are loaded, rounded to nearest even as they are stored
-// (what widen_to_float and narrow_from_float do), four at a time (load4, store4) or one (load1, store1).
+// (what widen_to_float and narrow_from_float do), L::Floats at a time (load, store) or one (load1,
+// store1).
 struct Float32Elements {
   using Element = float;
-  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const float* row) { return _mm_loadu_ps(row); }
-  RECDEV_STORE_AVX2_FMA_F16C static void store4(float* row, __m128 values) { _mm_storeu_ps(row, values); }
+  template <class L>
+  [[gnu::always_inline]] static void load(typename L::Floats& to, const float* row) {
+    std::memcpy(&to, row, sizeof(to));
+  }
+  template <class L>
+  [[gnu::always_inline]] static void store(float* row, const typename L::Floats& values) {
+    std::memcpy(row, &values, sizeof(values));
+  }
   static float load1(const float* row) { return *row; }
   static void store1(float* row, float value) { *row = value; }
 };
 
+// F16C's conversions spelled in asm (as embedding_bag.cpp's): GCC scalarizes __builtin_convertvector
+// of _Float16 vectors. Rounding mode 8: to nearest even, exceptions suppressed.
 struct Float16Elements {
   using Element = uint16_t;
-  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
-    return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
+  template <class L>
+  [[gnu::always_inline]] static void load(typename L::Floats& to, const uint16_t* row) {
+    const auto& halves = *reinterpret_cast<const typename L::Halves*>(row);
+    if constexpr (sizeof(to) == 16) {
+      asm("vcvtph2ps %1, %x0" : "=x"(to) : "m"(halves));
+    } else {
+      asm("vcvtph2ps %1, %t0" : "=x"(to) : "m"(halves));
+    }
   }
-  RECDEV_STORE_AVX2_FMA_F16C static void store4(uint16_t* row, __m128 values) {
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(row), _mm_cvtps_ph(values, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  template <class L>
+  [[gnu::always_inline]] static void store(uint16_t* row, const typename L::Floats& values) {
+    auto& halves = *reinterpret_cast<typename L::Halves*>(row);
+    if constexpr (sizeof(values) == 16) {
+      asm("vcvtps2ph $8, %x1, %0" : "=m"(halves) : "x"(values));
+    } else {
+      asm("vcvtps2ph $8, %t1, %0" : "=m"(halves) : "x"(values));
+    }
   }
   static float load1(const uint16_t* row) { return half_to_float(*row); }
   static void store1(uint16_t* row, float value) { *row = float_to_half(value); }
@@ -149,110 +190,167 @@ struct Float16Elements {
 
 struct BFloat16Elements {
   using Element = uint16_t;
-  RECDEV_STORE_AVX2_FMA_F16C static __m128 load4(const uint16_t* row) {
-    const __m128i halves = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
-    return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(halves), 16));
+  template <class L>
+  [[gnu::always_inline]] static void load(typename L::Floats& to, const uint16_t* row) {
+    typename L::Halves halves;
+    std::memcpy(&halves, row, sizeof(halves));
+    const typename L::Words bits = __builtin_convertvector(halves, typename L::Words) << 16;
+    std::memcpy(&to, &bits, sizeof(to));
   }
-  // float_to_bfloat16, four lanes at a time: nan becomes a quiet nan, anything else rounds to nearest even.
-  RECDEV_STORE_AVX2_FMA_F16C static void store4(uint16_t* row, __m128 values) {
-    const __m128i bits = _mm_castps_si128(values);
-    const __m128i odd = _mm_and_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(1));
-    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(bits, _mm_add_epi32(_mm_set1_epi32(0x7FFF), odd)), 16);
-    const __m128i quiet = _mm_or_si128(_mm_srli_epi32(bits, 16), _mm_set1_epi32(0x40));
-    const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(bits, _mm_set1_epi32(0x7FFFFFFF)), _mm_set1_epi32(0x7F800000));
-    const __m128i narrowed = _mm_blendv_epi8(rounded, quiet, nan);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(row), _mm_packus_epi32(narrowed, narrowed));
+  // float_to_bfloat16 lane by lane: nan becomes a quiet nan, anything else rounds to nearest even.
+  template <class L>
+  [[gnu::always_inline]] static void store(uint16_t* row, const typename L::Floats& values) {
+    using Words = typename L::Words;
+    Words bits;
+    std::memcpy(&bits, &values, sizeof(bits));
+    const Words nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    const Words rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const Words quiet = (bits >> 16) | 0x0040u;
+    const typename L::Halves halves = __builtin_convertvector((nan & quiet) | (~nan & rounded), typename L::Halves);
+    std::memcpy(row, &halves, sizeof(halves));
   }
   static float load1(const uint16_t* row) { return bfloat16_to_float(*row); }
   static void store1(uint16_t* row, float value) { *row = float_to_bfloat16(value); }
 };
 
+// L::Doubles from as many of a row's elements, at `row`. (Vectors go by reference: by value, a
+// function compiled without the kernels' target would pass them differently.)
+template <class L, class Elements>
+[[gnu::always_inline]] inline void load_widened(typename L::Doubles& to, const typename Elements::Element* row) {
+  typename L::Floats floats;
+  Elements::template load<L>(floats, row);
+  // In asm: GCC's __builtin_convertvector widens each half of the vector and joins them.
+  if constexpr (sizeof(to) == 64) {
+    asm("vcvtps2pd %t1, %g0" : "=v"(to) : "v"(floats));
+  } else {
+    asm("vcvtps2pd %x1, %t0" : "=x"(to) : "x"(floats));
+  }
+}
+
 // RowWiseAdagrad's rule (see RowUpdate::apply) on a row of Weights with a gradient of Grads (float32,
-// or the row's own half type), 4 doubles per vector. The same double operations per element as the
-// scalar rule, and each weight rounded once to float32 (and a half row's then to its type, as the
-// widened row's update would be); only the mean square sums in 8 lanes instead of one running sum,
-// which may move a double's last bits, far below the float32 rounding of the accumulator. One running
-// sum is a chain of dim dependent adds: at dim 128 it was the largest single cost of a RowWiseAdagrad
-// training step. Half rows and gradients are widened and rounded in registers: widening into a
-// buffer first cost more. kDecay: weight_decay != 0. Without it the first pass reads no weight and
-// the second multiplies none by the correction (exactly 1): a third fewer operations, which a half
-// row's step, needing half the cache lines of a float32 one, is bound on.
-template <class Weights, class Grads, bool kDecay>
+// or the row's own half type), kLanes doubles per vector: 4 (AVX2) or 8 (AVX-512). The same double
+// operations per element as the scalar rule, and each weight rounded once to float32 (and a half
+// row's then to its type, as the widened row's update would be); only the mean square sums in 8
+// lanes instead of one running sum, which may move a double's last bits, far below the float32
+// rounding of the accumulator. The 8 lanes add up in one order at both widths, so the two kernels
+// give the same bits. One running sum is a chain of dim dependent adds: at dim 128 it was the largest
+// single cost of a RowWiseAdagrad training step. Half rows and gradients are widened and rounded in
+// registers: widening into a buffer first cost more. kDecay: weight_decay != 0. Without it the first
+// pass reads no weight and the second multiplies none by the correction (exactly 1): a third fewer
+// operations, which a half row's step, needing half the cache lines of a float32 one, is bound on.
+template <size_t kLanes, class Weights, class Grads, bool kDecay>
+[[gnu::always_inline]] inline void rowwise_adagrad_lanes(typename Weights::Element* weight, float* state,
+                                                       const typename Grads::Element* grad, uint32_t dim, double lr,
+                                                       double weight_decay, double eps) {
+  using L = Lanes<kLanes>;
+  using Doubles = typename L::Doubles;
+  constexpr size_t kSums = 8 / kLanes;  // the 8 lanes of sums: two vectors of 4, or one of 8
+  // In registers of their own, the loop unrolled: as an array indexed in a loop the sums lived on
+  // the stack, every add waiting on the store of the one before.
+  Doubles sums[kSums] = {};
+  uint32_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+#pragma GCC unroll 2
+    for (size_t s = 0; s < kSums; ++s) {
+      Doubles g;
+      load_widened<L, Grads>(g, grad + d + s * kLanes);
+      if constexpr (kDecay) {
+        Doubles decayed;
+        load_widened<L, Weights>(decayed, weight + d + s * kLanes);
+        decayed *= weight_decay;
+        // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
+        asm("" : "+v"(decayed));
+        g += decayed;
+      }
+      Doubles square = g * g;
+      asm("" : "+v"(square));
+      sums[s] += square;
+    }
+  }
+  double lanes[8];
+  std::memcpy(lanes, sums, sizeof(lanes));
+  double sum_square = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  for (uint32_t rest = d; rest < dim; ++rest) {
+    double g = double(Grads::load1(grad + rest));
+    if constexpr (kDecay) {
+      double decayed = weight_decay * double(Weights::load1(weight + rest));
+      asm("" : "+x"(decayed));
+      g += decayed;
+    }
+    double square = g * g;
+    asm("" : "+x"(square));
+    sum_square += square;
+  }
+  const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr, weight_decay, eps);
+  d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    Doubles kept;
+    load_widened<L, Weights>(kept, weight + d);
+    if constexpr (kDecay) kept *= correction;
+    Doubles moved;
+    load_widened<L, Grads>(moved, grad + d);
+    moved *= multiplier;
+    asm("" : "+v"(kept), "+v"(moved));
+    Weights::template store<L>(weight + d, __builtin_convertvector(kept - moved, typename L::Floats));
+  }
+  for (; d < dim; ++d) {
+    double kept = correction * double(Weights::load1(weight + d));
+    double moved = double(Grads::load1(grad + d)) * multiplier;
+    asm("" : "+x"(kept), "+x"(moved));
+    Weights::store1(weight + d, float(kept - moved));
+  }
+}
+
+// rowwise_adagrad_lanes for a row of Weights and a gradient of Grads, with or without weight decay,
+// at the widest vectors this CPU has.
+template <class Weights, class Grads, size_t kLanes>
+[[gnu::always_inline]] inline void rowwise_adagrad_any_decay(typename Weights::Element* weight, float* state,
+                                                                     const typename Grads::Element* grad, uint32_t dim,
+                                                                     double lr, double weight_decay, double eps) {
+  if (weight_decay != 0) {
+    rowwise_adagrad_lanes<kLanes, Weights, Grads, true>(weight, state, grad, dim, lr, weight_decay, eps);
+  } else {
+    rowwise_adagrad_lanes<kLanes, Weights, Grads, false>(weight, state, grad, dim, lr, weight_decay, eps);
+  }
+}
+
+template <class Weights, class Grads>
 RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_avx2(typename Weights::Element* weight, float* state,
                                                      const typename Grads::Element* grad, uint32_t dim, double lr,
                                                      double weight_decay, double eps) {
-  const __m256d decay = _mm256_set1_pd(weight_decay);
-  // Two sums, each in a register of its own: as an array indexed in a loop they lived on the stack,
-  // every add waiting on the store of the one before.
-  __m256d low = _mm256_setzero_pd();
-  __m256d high = _mm256_setzero_pd();
-  uint32_t d = 0;
-  for (; d + 8 <= dim; d += 8) {
-    __m256d grad_low = _mm256_cvtps_pd(Grads::load4(grad + d));
-    __m256d grad_high = _mm256_cvtps_pd(Grads::load4(grad + d + 4));
-    if constexpr (kDecay) {
-      __m256d decayed_low = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d)));
-      __m256d decayed_high = _mm256_mul_pd(decay, _mm256_cvtps_pd(Weights::load4(weight + d + 4)));
-      // Opaque, here and below, so that no multiply and add contract into an fma the scalar rule lacks.
-      asm("" : "+x"(decayed_low), "+x"(decayed_high));
-      grad_low = _mm256_add_pd(grad_low, decayed_low);
-      grad_high = _mm256_add_pd(grad_high, decayed_high);
-    }
-    __m256d square_low = _mm256_mul_pd(grad_low, grad_low);
-    __m256d square_high = _mm256_mul_pd(grad_high, grad_high);
-    asm("" : "+x"(square_low), "+x"(square_high));
-    low = _mm256_add_pd(low, square_low);
-    high = _mm256_add_pd(high, square_high);
-  }
-  double lanes[4];
-  _mm256_storeu_pd(lanes, _mm256_add_pd(low, high));
-  double sum_square = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (uint32_t rest = d; rest < dim; ++rest) {
-    double g = double(Grads::load1(grad + rest));
-    if constexpr (kDecay) g += weight_decay * double(Weights::load1(weight + rest));
-    sum_square += g * g;
-  }
-  const auto [multiplier, correction] = rowwise_scalars(state, sum_square, dim, lr, weight_decay, eps);
-  const __m256d scale = _mm256_set1_pd(correction);
-  const __m256d step = _mm256_set1_pd(multiplier);
-  d = 0;
-  for (; d + 4 <= dim; d += 4) {
-    __m256d kept = _mm256_cvtps_pd(Weights::load4(weight + d));
-    if constexpr (kDecay) kept = _mm256_mul_pd(scale, kept);
-    __m256d moved = _mm256_mul_pd(_mm256_cvtps_pd(Grads::load4(grad + d)), step);
-    asm("" : "+x"(kept), "+x"(moved));
-    Weights::store4(weight + d, _mm256_cvtpd_ps(_mm256_sub_pd(kept, moved)));
-  }
-  for (; d < dim; ++d) {
-    Weights::store1(weight + d,
-                   float(correction * double(Weights::load1(weight + d)) - double(Grads::load1(grad + d)) * multiplier));
-  }
+  rowwise_adagrad_any_decay<Weights, Grads, 4>(weight, state, grad, dim, lr, weight_decay, eps);
 }
 
-// rowwise_adagrad_avx2 for a row of Weights and a gradient of Grads, with or without weight decay.
 template <class Weights, class Grads>
-RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_any_decay_avx2(typename Weights::Element* weight, float* state,
-                                                               const typename Grads::Element* grad, uint32_t dim,
-                                                               double lr, double weight_decay, double eps) {
-  if (weight_decay != 0) {
-    rowwise_adagrad_avx2<Weights, Grads, true>(weight, state, grad, dim, lr, weight_decay, eps);
+RECDEV_STORE_AVX512_F16C void rowwise_adagrad_avx512(typename Weights::Element* weight, float* state,
+                                                     const typename Grads::Element* grad, uint32_t dim, double lr,
+                                                     double weight_decay, double eps) {
+  rowwise_adagrad_any_decay<Weights, Grads, 8>(weight, state, grad, dim, lr, weight_decay, eps);
+}
+
+// RowWiseAdagrad's rule on a row of Weights: the AVX-512 kernel where the CPU has it, else the AVX2
+// one (whose CPUs cpu_has_avx2_fma_f16c admits).
+template <class Weights, class Grads>
+void rowwise_adagrad_vectors(typename Weights::Element* weight, float* state, const typename Grads::Element* grad,
+                             uint32_t dim, double lr, double weight_decay, double eps) {
+  if (cpu_has_avx512f_f16c()) {
+    rowwise_adagrad_avx512<Weights, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
   } else {
-    rowwise_adagrad_avx2<Weights, Grads, false>(weight, state, grad, dim, lr, weight_decay, eps);
+    rowwise_adagrad_avx2<Weights, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
   }
 }
 
-// rowwise_adagrad_avx2 on a Float16 or BFloat16 row, with a float32 gradient or one of the row's type.
+// rowwise_adagrad_vectors on a Float16 or BFloat16 row, with a float32 gradient or one of the row's type.
 template <class Grad>
-RECDEV_STORE_AVX2_FMA_F16C void rowwise_adagrad_half_avx2(ElementType type, uint16_t* weight, float* state,
-                                                          const Grad* grad, uint32_t dim, double lr,
-                                                          double weight_decay, double eps) {
+void rowwise_adagrad_half(ElementType type, uint16_t* weight, float* state, const Grad* grad, uint32_t dim, double lr,
+                          double weight_decay, double eps) {
   constexpr bool kFloatGrad = std::is_same_v<Grad, float>;
   if (type == ElementType::Float16) {
     using Grads = std::conditional_t<kFloatGrad, Float32Elements, Float16Elements>;
-    rowwise_adagrad_any_decay_avx2<Float16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
+    rowwise_adagrad_vectors<Float16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
   } else {
     using Grads = std::conditional_t<kFloatGrad, Float32Elements, BFloat16Elements>;
-    rowwise_adagrad_any_decay_avx2<BFloat16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
+    rowwise_adagrad_vectors<BFloat16Elements, Grads>(weight, state, grad, dim, lr, weight_decay, eps);
   }
 }
 #endif
@@ -404,8 +502,7 @@ void RowUpdate::apply(float* weight, float* state, const float* grad) const {
     done = adagrad_avx2(weight, state, grad, dim_, weight_decay_f_, eps_f_, neg_clr_f_);
   }
   if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
-    rowwise_adagrad_any_decay_avx2<Float32Elements, Float32Elements>(weight, state, grad, dim_, lr_, weight_decay_,
-                                                                     eps_);
+    rowwise_adagrad_vectors<Float32Elements, Float32Elements>(weight, state, grad, dim_, lr_, weight_decay_, eps_);
     return;
   }
 #endif
@@ -417,7 +514,7 @@ template <class Grad>
 bool RowUpdate::rowwise_half_in_registers(ElementType type, void* weight, float* state, const Grad* grad) const {
 #ifdef RECDEV_STORE_AVX2_KERNELS
   if (kind_ == OptimizerKind::RowWiseAdagrad && cpu_has_avx2_fma_f16c()) {
-    rowwise_adagrad_half_avx2(type, static_cast<uint16_t*>(weight), state, grad, dim_, lr_, weight_decay_, eps_);
+    rowwise_adagrad_half(type, static_cast<uint16_t*>(weight), state, grad, dim_, lr_, weight_decay_, eps_);
     return true;
   }
 #endif

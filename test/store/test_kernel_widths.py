@@ -1,0 +1,38 @@
+"""The store's vector kernels give the same bits at every width (csrc/store/cpu_features.h): the
+RowWiseAdagrad update with 4 or 8 doubles per vector and pooling with 8 or 16 floats, on float32,
+float16 and bfloat16 rows. Each width runs in a process of its own, ATEN_CPU_CAPABILITY capping it
+as it caps PyTorch's kernels."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("kernel_widths_worker.py")
+
+
+def run_capped(capability, out_path):
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    done = subprocess.run([sys.executable, str(WORKER), str(out_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out_path)
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                    reason="needs a CPU with AVX-512 for two widths to compare")
+def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path):
+    widest = run_capped(None, tmp_path / "avx512.pt")
+    avx2 = run_capped("avx2", tmp_path / "avx2.pt")
+    assert (widest.pop("capability"), avx2.pop("capability")) == ("AVX512", "AVX2")
+    assert widest.keys() == avx2.keys()
+    for name, values in widest.items():
+        assert values.dtype == avx2[name].dtype, name
+        bits = torch.int16 if values.element_size() == 2 else torch.int32
+        assert torch.equal(values.view(bits), avx2[name].view(bits)), f"{name}: the AVX-512 and AVX2 kernels differ"
+        assert values.isfinite().all(), name
