@@ -125,23 +125,14 @@ RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const f
 }
 
 // The GCC vectors of a kernel kLanes elements wide (4: AVX2, 8: AVX-512); they compile for the
-// target of the kernel they are used in. (Spelled out per width: GCC drops a vector_size that
-// depends on a template parameter.)
+// target of the kernel they are used in. (typedefs: GCC drops a vector_size that depends on a
+// template parameter from a `using` alias.)
 template <size_t kLanes>
-struct Lanes;
-template <>
-struct Lanes<4> {
-  using Floats = float __attribute__((vector_size(16)));
-  using Doubles = double __attribute__((vector_size(32)));
-  using Words = uint32_t __attribute__((vector_size(16)));
-  using Halves = uint16_t __attribute__((vector_size(8)));
-};
-template <>
-struct Lanes<8> {
-  using Floats = float __attribute__((vector_size(32)));
-  using Doubles = double __attribute__((vector_size(64)));
-  using Words = uint32_t __attribute__((vector_size(32)));
-  using Halves = uint16_t __attribute__((vector_size(16)));
+struct Lanes {
+  typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+  typedef double Doubles __attribute__((vector_size(kLanes * sizeof(double))));
+  typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+  typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 };
 
 // How the vector rules read a row's weights and gradients and write its weights, stored as float32,
