@@ -3,6 +3,7 @@ runs it once per ATEN_CPU_CAPABILITY). Usage: kernel_widths_worker.py OUT_PATH""
 
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -12,11 +13,16 @@ ROWS, STEPS = 300, 5
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def random(seed, *shape):
+    """From numpy, not torch: ATEN_CPU_CAPABILITY changes torch's own random kernels' floats."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
+
+
 def table(dtype, dim):
     with torch_recdev.placement("table"):
         weight = torch.empty(ROWS, dim, dtype=dtype, device="recdev")
     with torch.no_grad():
-        weight.copy_(torch.randn(ROWS, dim, generator=torch.Generator().manual_seed(dim)).to(dtype))
+        weight.copy_(random(dim, ROWS, dim).to(dtype))
     return weight.requires_grad_()
 
 
@@ -27,7 +33,7 @@ def main(out_path):
             gen = torch.Generator().manual_seed(3)
             ids = torch.randint(0, ROWS, (512,), generator=gen)  # with repeats
             offsets = torch.arange(0, 512, 4)
-            weights = torch.rand(512, generator=gen).to(dtype)
+            weights = random(4, 512).to(dtype)
             pooled = table(dtype, dim)
             results[f"pooled sum {dtype} {dim}"] = F.embedding_bag(ids, pooled, offsets, mode="sum").detach()
             results[f"pooled weighted {dtype} {dim}"] = F.embedding_bag(

@@ -1,7 +1,8 @@
 """The store's vector kernels give the same bits at every width (csrc/store/cpu_features.h): the
-RowWiseAdagrad update with 4 or 8 doubles per vector and pooling with 8 or 16 floats, on float32,
+RowWiseAdagrad update with 4 or 8 doubles per vector and pooling with 4, 8 or 16 floats, on float32,
 float16 and bfloat16 rows. Each width runs in a process of its own, ATEN_CPU_CAPABILITY capping it
-as it caps PyTorch's kernels."""
+as it caps PyTorch's kernels. (The baseline build's RowWiseAdagrad sums its squares in one running
+sum, not 8 lanes, so only its pooling is compared.)"""
 
 import os
 import subprocess
@@ -36,3 +37,16 @@ def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path):
         bits = torch.int16 if values.element_size() == 2 else torch.int32
         assert torch.equal(values.view(bits), avx2[name].view(bits)), f"{name}: the AVX-512 and AVX2 kernels differ"
         assert values.isfinite().all(), name
+
+
+def test_baseline_pooling_gives_the_avx2_bits(tmp_path):
+    avx2 = run_capped("avx2", tmp_path / "avx2.pt")
+    baseline = run_capped("default", tmp_path / "default.pt")
+    assert baseline.pop("capability") == "DEFAULT"
+    if avx2.pop("capability") != "AVX2":
+        pytest.skip("needs a CPU with AVX2 for two widths to compare")
+    pooled = [name for name in avx2 if name.startswith("pooled")]
+    assert len(pooled) == 12
+    for name in pooled:
+        bits = torch.int16 if avx2[name].element_size() == 2 else torch.int32
+        assert torch.equal(avx2[name].view(bits), baseline[name].view(bits)), f"{name}: baseline and AVX2 pooling differ"
