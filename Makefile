@@ -11,7 +11,7 @@ SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h)
 # The wheel of torch 2.13.0 (CPU) may lie in a local wheel folder; pip finds it there first.
 PIP    := $(PY) -m pip install --disable-pip-version-check
 
-.PHONY: demo fleet-demo test bench build clean fbgemm-venv redis-peer lint
+.PHONY: demo fleet-demo test soak bench build clean fbgemm-venv redis-peer lint
 
 demo: $(BUILT)
 	$(PY) examples/train_ctr.py --plot ctr_learning_curves.png
@@ -20,8 +20,15 @@ demo: $(BUILT)
 fleet-demo: $(BUILT)
 	$(PY) examples/fleet_demo.py -- --plot ctr_fleet_learning_curves.png
 
+# On both cores, each test file on one of them (module fixtures such as the fleet's start once).
 test: $(BUILT) redis-peer
-	$(PY) -m pytest test
+	$(PY) -m pytest -n 2 --dist loadfile test
+
+# The model-based test of the store (test/model) on random sequences for SOAK_MINUTES minutes;
+# `make test` runs its fixed, derandomized sequences.
+SOAK_MINUTES ?= 30
+soak: $(BUILT)
+	RECDEV_SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m pytest test/model -x -q -k soak
 
 # Python by ruff (ruff.toml); C++ is compiled with -Wall -Werror by every build.
 lint: $(DEPS)

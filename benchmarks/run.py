@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import bench_budget  # noqa: E402
+import bench_checkpoint_stall  # noqa: E402
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
@@ -38,6 +39,7 @@ SUITES = [
     ("First touch of new ids (issue: bounded memory for unbounded ids)", bench_first_touch.run),
     ("Budgets, eviction and admission (suite budget, issue 20)", bench_budget.run),
     ("Fleets: torchrun trainers on recdev-server shards (issue: fleet training)", bench_fleet.run),
+    ("A shard's requests while it checkpoints another table (issue 33)", bench_checkpoint_stall.run),
 ]
 
 

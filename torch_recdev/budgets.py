@@ -90,7 +90,22 @@ def set_table_policy(
     keywords = policy_keywords(
         max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after, half_life=half_life
     )
+    _refuse_policy_on_replicas(weight, keywords)
     _C._set_table_policy(weight, keywords)
+
+
+def _refuse_policy_on_replicas(weight: torch.Tensor, keywords: dict) -> None:
+    """A synchronous optimizer keeps one replica of an embedded table per rank; a policy would evict by
+    each rank's own lookups and make them differ (see sync.py)."""
+    import torch.distributed as dist
+
+    if not (_C._table_is_sync(weight) and _C._table_in_process(weight)):
+        return
+    if dist.is_initialized() and dist.get_world_size() > 1 and keywords != policy_keywords():
+        raise ValueError(
+            "set_table_policy: this table is trained with sync=True on the embedded store, where each rank keeps "
+            "an identical replica; a budget policy evicts by each rank's own lookups and would make the replicas "
+            "differ. Train on recdev-server shards to give a synchronous table a budget")
 
 
 def table_policy(weight: torch.Tensor) -> dict:

@@ -169,19 +169,36 @@ def init_embedding_table(
     return table
 
 
+_ROUNDING_KEYS = ("stochastic_rounding", "rounding_seed")
+
+
 def _optimizer_declaration(optimizer: tuple[str, dict]) -> tuple[str, dict]:
-    """``(kind, hyperparameters)`` as the store takes it: torch.optim's defaults for what is not given."""
+    """``(kind, hyperparameters)`` as the store takes it: torch.optim's defaults for what is not given.
+
+    ``stochastic_rounding`` is part of the declaration only when named: a declaration that leaves it
+    out keeps the table's rounding mode. Named True without a ``rounding_seed``, the seed is drawn from
+    the recdev generator now, as ``torch_recdev.optim`` does."""
     kind, hyperparameters = optimizer
     fused = _OPTIMIZERS.get(kind)
     if fused is None:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of {sorted(_OPTIMIZERS)}")
-    unknown = set(hyperparameters) - set(fused.defaults_for_store)
+    unknown = set(hyperparameters) - set(fused.defaults_for_store) - set(_ROUNDING_KEYS)
     if unknown:
-        raise ValueError(f"{kind} takes {sorted(fused.defaults_for_store)}; got unknown {sorted(unknown)}")
+        raise ValueError(f"{kind} takes {sorted(fused.defaults_for_store) + list(_ROUNDING_KEYS)}; "
+                         f"got unknown {sorted(unknown)}")
     config = {**fused.defaults_for_store, **hyperparameters}
     betas = config.pop("betas", None)
     if betas is not None:
         config["beta1"], config["beta2"] = betas
+    if "rounding_seed" in config and "stochastic_rounding" not in config:
+        raise ValueError(f"{kind}: rounding_seed is used with stochastic_rounding=True only; name both")
+    if "stochastic_rounding" in config:
+        rounding = config.pop("stochastic_rounding")
+        if not isinstance(rounding, bool):
+            raise TypeError(f"{kind}: stochastic_rounding must be True or False; got {rounding!r}")
+        seed = config.pop("rounding_seed", None)
+        config.update(optim._rounding_defaults(rounding) if seed is None or not rounding
+                      else {"stochastic_rounding": True, "rounding_seed": optim._rounding_seed(seed)})
     return kind, {k: float(v) for k, v in config.items()}
 
 

@@ -142,6 +142,13 @@ def _rounding_defaults(stochastic_rounding: bool) -> dict:
     return {"stochastic_rounding": True, "rounding_seed": seed}
 
 
+def _rounding_seed(seed) -> int:
+    """A given rounding seed, checked: the store takes an integer in [0, 2**53)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**53:
+        raise ValueError(f"rounding_seed must be an integer in [0, 2**53); got {seed!r}")
+    return seed
+
+
 def _check_rounding(name: str, p: torch.Tensor, group: dict) -> None:
     if group.get("stochastic_rounding") and p.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(

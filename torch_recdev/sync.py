@@ -61,6 +61,7 @@ class SyncTables:
         self.params = list(params)
         # The tables as they were: an anonymous table lives as long as its first storage does.
         self.originals = [p.data for p in self.params]
+        _refuse_replicas_with_policy(self.params)
         with torch.no_grad():
             for p in self.params:
                 p.data = _C._sync_table(p.data)
@@ -117,7 +118,10 @@ class SyncTables:
         except Exception as error:  # noqa: BLE001 (the shard's error, re-raised with the step and rank named)
             raise RuntimeError(f"synchronous step {self.step_count} (rank {rank}): no row gradient of this step "
                                f"was applied: {error}") from error
-        _C._commit_step(tables, *tag, self.timeout)
+        try:
+            _C._commit_step(tables, *tag, self.timeout)
+        except Exception as error:  # noqa: BLE001 (the shards' error, re-raised with the step and rank named)
+            raise RuntimeError(f"synchronous step {self.step_count} (rank {rank}): {error}") from error
 
     def _wait_for_every_rank(self, rank: int, world: int) -> None:
         """Waits until every rank has reached this step (marked it in the group's store); names those
@@ -139,6 +143,22 @@ class SyncTables:
                 f"{self.timeout:g} s (dead or hung); no row gradient of this step was applied") from error
         if self.step_count > 2:
             store.delete_key(f"{self.key}/{self.step_count - 2}/{rank}")
+
+
+def _refuse_replicas_with_policy(params: list[torch.Tensor]) -> None:
+    """Embedded replicas stay identical only if every rank's table changes alike, but a budget policy
+    evicts and admits by the lookups it sees, which are each rank's own: the replicas would drift
+    apart. Refused, as budgets.set_table_policy refuses the converse."""
+    if dist.get_world_size() < 2:
+        return
+    for i, p in enumerate(params):
+        if _C._table_in_process(p) and _C._table_has_policy(p):
+            raise ValueError(
+                f"sync=True on the embedded store keeps one identical replica of each table per rank, but "
+                f"parameter {i} has a budget policy (torch_recdev.table_policy), whose evictions follow each "
+                "rank's own lookups and would make the replicas differ. Remove the policy "
+                "(torch_recdev.set_table_policy(weight)) or train on recdev-server shards, where every rank "
+                "shares one table")
 
 
 def _recorded_hook(tables: weakref.ref):

@@ -301,9 +301,15 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
-    // Kept per thread: fresh memory per call would be fresh pages, zeroed by the kernel, every call.
-    thread_local std::vector<float> pooled;
-    if (half) pooled.resize(std::max(pooled.size(), static_cast<size_t>((end - begin) * dim)));
+    // Kept per thread up to a bound: fresh memory per call would be fresh pages, zeroed by the kernel,
+    // every call. A whole batch (one request: a remote table, a table with a policy) may need more;
+    // that buffer is the call's own, so that a thread does not keep its largest batch forever.
+    constexpr size_t kKeptPooledFloats = size_t{1} << 18;  // 1 MiB
+    const size_t pooled_floats = half ? static_cast<size_t>((end - begin) * dim) : 0;
+    thread_local std::vector<float> kept;
+    std::vector<float> own;
+    std::vector<float>& pooled = pooled_floats <= kKeptPooledFloats ? kept : own;
+    if (pooled.size() < pooled_floats) pooled.resize(pooled_floats);
     float* pooled_data = half ? pooled.data() : static_cast<float*>(out_data) + begin * dim;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),

@@ -33,6 +33,12 @@ FrameHeader decode_header_or_refuse(const uint8_t raw[kHeaderBytes]);
 // for a header that fails decode_header, StoreError(Unavailable) for a timeout or a broken connection.
 bool read_frame(Socket& socket, Frame& frame, Clock::time_point header_deadline,
                 std::chrono::milliseconds payload_timeout);
+// read_frame in two steps, so that a server can decide about a payload before it holds it: the
+// header (false: the peer closed cleanly before it), then the payload it announced, or those bytes
+// read and dropped through a small buffer.
+bool read_header(Socket& socket, Frame& frame, Clock::time_point header_deadline);
+void read_payload(Socket& socket, Frame& frame, std::chrono::milliseconds payload_timeout);
+void skip_payload(Socket& socket, const FrameHeader& header, std::chrono::milliseconds payload_timeout);
 void write_frame(Socket& socket, const std::vector<uint8_t>& frame, Clock::time_point deadline);
 
 }  // namespace recdev::net

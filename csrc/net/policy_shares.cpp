@@ -1,7 +1,6 @@
 #include "policy_shares.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "protocol.h"
 #include "store/errors.h"
@@ -114,10 +113,7 @@ store::Table::PolicyState merge_policy_states(const std::vector<store::Table::Po
     if (state.sketch.size() != table.sketch.size()) {
       throw StoreError(ErrorCode::Protocol, "the shards of " + label + " sent admission sketches of different sizes");
     }
-    for (size_t i = 0; i < state.sketch.size(); ++i) {
-      table.sketch[i] = uint16_t(std::min<uint32_t>(uint32_t{table.sketch[i]} + state.sketch[i],
-                                                    std::numeric_limits<uint16_t>::max()));
-    }
+    for (size_t i = 0; i < state.sketch.size(); ++i) table.sketch[i] = std::max(table.sketch[i], state.sketch[i]);
   }
   return table;
 }

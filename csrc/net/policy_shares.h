@@ -10,10 +10,12 @@
 // - Everything else (evict, half_life, ttl, admit_after, sketch width) is the same on every shard.
 // - Policy states (checkpoints): merging concatenates the shards' touch metadata and renumbers the
 //   recency ticks into one sequence that keeps every shard's order (each shard counts its own ticks,
-//   so the raw values of two shards collide), sums the counters (evicted, admitted, pending) and the
-//   admission sketches (count-min sketches of the same hashes over disjoint ids add up to the sketch
-//   of the union). Splitting gives each shard the touches of its rows, its share of the counters and
-//   the whole sketch. Split back over as many shards as it was merged from, a state is what each
+//   so the raw values of two shards collide), sums the counters (evicted, admitted, pending), and takes the
+//   admission sketches' element-wise maximum: an id lives on one shard, whose counters bound its
+//   count, so the maximum still never under-counts an id; and since splitting gives each shard the
+//   whole sketch, a sum would count every id once per shard at the next save (save, load, save
+//   inflated every count N-fold), where the maximum of N copies is the copy. Splitting gives each
+//   shard the touches of its rows, its share of the counters and the whole sketch. Split back over as many shards as it was merged from, a state is what each
 //   shard held; over another number of shards, rows of different former shards interleave in
 //   recency by their renumbered ticks.
 #pragma once

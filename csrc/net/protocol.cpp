@@ -382,6 +382,7 @@ void encode(Writer& out, const OpenNamedRequest& m) {
   out.put_bool(m.declaration.optimizer.has_value());
   encode(out, m.declaration.optimizer.value_or(store::OptimizerConfig{}));
   out.put_bool(m.declaration.reset);
+  out.put_bool(m.declaration.declares_rounding);
 }
 void decode(Reader& in, OpenNamedRequest& m) {
   m.name = in.get_string("name", kMaxNameBytes);
@@ -392,6 +393,7 @@ void decode(Reader& in, OpenNamedRequest& m) {
   decode(in, optimizer);
   if (has_optimizer) m.declaration.optimizer = optimizer;
   m.declaration.reset = in.get_bool("reset");
+  m.declaration.declares_rounding = in.get_bool("declares_rounding");
 }
 
 void encode(Writer& out, const NameRequest& m) { out.put_string(m.name); }

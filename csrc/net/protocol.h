@@ -34,7 +34,9 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // GET_TABLE_INFO and STATS), and every row request carries the element type the client holds the
 // table as, so that a shard never reads or answers rows as another dtype.
 // 7: synchronous steps staged on the shards (STAGE_UPDATE, COMMIT_UPDATE).
-constexpr uint16_t kProtocolVersion = 7;
+// 8: OPEN_NAMED carries declares_rounding (bool, after reset): a declared optimizer that does not
+// name stochastic rounding keeps the table's rounding mode and seed.
+constexpr uint16_t kProtocolVersion = 8;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;

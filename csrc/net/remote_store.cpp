@@ -1,10 +1,13 @@
 #include "remote_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <thread>
+#include <unordered_set>
 
 #include "policy_shares.h"
 #include "pooled_partial.h"
@@ -233,7 +236,11 @@ void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode o
   });
 }
 
-void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) { fetch_rows(ids, n, out, Opcode::Gather); }
+void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) {
+  check_ids(ids, n);
+  refuse_what_a_share_would(ids, n);
+  fetch_rows(ids, n, out, Opcode::Gather);
+}
 
 void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const { fetch_rows(ids, n, out, Opcode::Peek); }
 
@@ -276,6 +283,34 @@ void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
     }
     throw;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  known_policy_ = config;
+}
+
+void RemoteTable::refuse_what_a_share_would(const uint64_t* ids, size_t n) const {
+  store::TablePolicyConfig policy;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!known_policy_) return;
+    policy = *known_policy_;
+  }
+  if (policy.evict == store::EvictKind::None || policy.admit_after > 1 || policy.max_rows == 0 || policy.max_bytes != 0) {
+    return;
+  }
+  const uint32_t shards = uint32_t(session_->num_shards());
+  std::vector<std::unordered_set<uint64_t>> distinct(shards);
+  for (size_t i = 0; i < n; ++i) distinct[owner_shard(route_key_, ids[i], shards)].insert(ids[i]);
+  for (uint32_t shard = 0; shard < shards; ++shard) {
+    const store::TablePolicyConfig share = shard_policy(policy, shard, shards, label());
+    if (distinct[shard].size() > share.max_rows) {
+      throw StoreError(ErrorCode::InvalidArgument,
+                       session_->describe(shard) + ": a request touching " + std::to_string(distinct[shard].size()) +
+                           " distinct rows of " + label() + " cannot fit the budget of " +
+                           std::to_string(share.max_rows) + " rows (" + store::describe(share) +
+                           ", its share of the table's): split the batch, or raise max_rows / max_bytes; nothing "
+                           "was applied");
+    }
+  }
 }
 
 std::vector<store::TablePolicyConfig> RemoteTable::shard_policies() const {
@@ -284,7 +319,12 @@ std::vector<store::TablePolicyConfig> RemoteTable::shard_policies() const {
   return policies;
 }
 
-store::TablePolicyConfig RemoteTable::policy() const { return merge_policies(shard_policies(), label()); }
+store::TablePolicyConfig RemoteTable::policy() const {
+  const store::TablePolicyConfig merged = merge_policies(shard_policies(), label());
+  std::lock_guard<std::mutex> lock(mutex_);
+  known_policy_ = merged;
+  return merged;
+}
 
 std::optional<store::Table::PolicyState> RemoteTable::policy_state() const {
   RemoteSession::Lease lease(*session_);
@@ -339,6 +379,7 @@ uint32_t RemoteTable::gather_state(const uint64_t* ids, size_t n, std::vector<fl
 
 void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   check_ids(ids, n);
+  refuse_what_a_share_would(ids, n);
   const Routed routed = route(ids, n);
   const size_t per_request = ids_per_request(sizeof(uint64_t) + size_t{dim_} * sizeof(float));
   RemoteSession::Lease lease(*session_);
@@ -462,6 +503,7 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
   // The store's checks, here, so that no shard applies a batch another would refuse.
   store::check_update_gradients(dtype_, uint32_t(uint64_t{dim_} * 4 / store::element_bytes(dtype_)), ids, n, grads_in,
                                 label());
+  refuse_what_a_share_would(ids, n);
   const Routed routed = route(ids, n);
   // Gradients travel as the table's words (its element type), as rows do.
   const auto* grads = static_cast<const float*>(grads_in);
@@ -488,11 +530,18 @@ void RemoteTable::stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, 
   }
 }
 
-void RemoteTable::commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls) {
+void RemoteTable::commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls,
+                               std::vector<std::pair<size_t, std::exception_ptr>>& unaddressed) {
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
-    calls.push_back(make_call(shard, Opcode::CommitUpdate, CommitUpdateRequest{table_id(lease, shard), tag}));
+    try {
+      calls.push_back(make_call(shard, Opcode::CommitUpdate, CommitUpdateRequest{table_id(lease, shard), tag}));
+    } catch (const StoreError&) {
+      unaddressed.emplace_back(shard, std::current_exception());
+    }
   }
 }
+
+std::string RemoteTable::describe_shard(size_t shard) const { return label() + " on " + session_->describe(shard); }
 
 void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                 store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
@@ -501,6 +550,7 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
                                 padding_idx};
   store::validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
+  refuse_what_a_share_would(ids, num_ids);
   const size_t shards = session_->num_shards();
   std::vector<uint32_t> owner(num_ids);
   for (size_t i = 0; i < num_ids; ++i) owner[i] = owner_shard(route_key_, ids[i], uint32_t(shards));
@@ -700,6 +750,7 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::declare(const std::string
   store::validate_table_config(declaration.config);
   if (declaration.optimizer) store::validate_optimizer(*declaration.optimizer);
   RemoteSession::Lease lease(*session_);
+  if (!declaration.reset) refuse_if_lost(lease, name);
   std::vector<Call> calls;
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
     calls.push_back(make_call(shard, Opcode::OpenNamed, OpenNamedRequest{name, declaration}));
@@ -710,25 +761,49 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::declare(const std::string
   return named_from(name, found, lease);
 }
 
-std::optional<std::shared_ptr<store::TableHandle>> RemoteStoreClient::find(const std::string& name) {
-  RemoteSession::Lease lease(*session_);
+std::vector<std::optional<TableDescription>> RemoteStoreClient::find_on_every_shard(RemoteSession::Lease& lease,
+                                                                                   const std::string& name) {
   std::vector<Call> calls;
   for (size_t shard = 0; shard < session_->num_shards(); ++shard) {
     calls.push_back(make_call(shard, Opcode::Find, NameRequest{name}));
   }
   session_->exchange(lease, calls);
+  std::vector<std::optional<TableDescription>> found;
+  for (const Call& call : calls) found.push_back(answer_of<FindResponse>(call).table);
+  return found;
+}
+
+void RemoteStoreClient::throw_lost(const std::string& name, size_t missing_shard) const {
+  throw StoreError(ErrorCode::NotFound,
+                   "table '" + name + "' is on some shards but not on " + session_->describe(missing_shard) +
+                       ": that server restarted without it (was it started with the --checkpoint-dir it had?), "
+                       "and the table's rows there are lost. Restore the table from a checkpoint (ops.load), or "
+                       "declare it with reset=True to start it over on every shard");
+}
+
+void RemoteStoreClient::refuse_if_lost(RemoteSession::Lease& lease, const std::string& name) {
+  constexpr double kDeclarationSettleSeconds = 1.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kDeclarationSettleSeconds);
+  while (true) {
+    const auto found = find_on_every_shard(lease, name);
+    const auto missing = std::find_if(found.begin(), found.end(), [](const auto& table) { return !table; });
+    const bool on_some = std::any_of(found.begin(), found.end(), [](const auto& table) { return table.has_value(); });
+    if (missing == found.end() || !on_some) return;
+    if (std::chrono::steady_clock::now() >= deadline) throw_lost(name, size_t(missing - found.begin()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::optional<std::shared_ptr<store::TableHandle>> RemoteStoreClient::find(const std::string& name) {
+  RemoteSession::Lease lease(*session_);
   std::vector<TableDescription> found;
   std::optional<size_t> missing;
-  for (size_t shard = 0; shard < calls.size(); ++shard) {
-    const FindResponse answer = answer_of<FindResponse>(calls[shard]);
-    if (answer.table) found.push_back(*answer.table);
+  const auto answers = find_on_every_shard(lease, name);
+  for (size_t shard = 0; shard < answers.size(); ++shard) {
+    if (answers[shard]) found.push_back(*answers[shard]);
     else if (!missing) missing = shard;
   }
-  if (missing && !found.empty()) {
-    throw StoreError(ErrorCode::NotFound, "table '" + name + "' is on some shards but not on " +
-                                              session_->describe(*missing) +
-                                              " (was that server restarted without its --checkpoint-dir?)");
-  }
+  if (missing && !found.empty()) throw_lost(name, *missing);
   if (found.empty()) return std::nullopt;
   return named_from(name, found, lease);
 }

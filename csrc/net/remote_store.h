@@ -17,9 +17,11 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remote_session.h"
@@ -77,7 +79,11 @@ class RemoteTable final : public store::TableHandle {
   // included (every shard waits for every rank's part), and one COMMIT_UPDATE per shard.
   void stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads, const StepTag& tag,
                    uint32_t timeout_ms, std::vector<Call>& calls);
-  void commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls);
+  // A shard whose table cannot be addressed any more (it restarted without it) gets no call: its
+  // error is appended to `unaddressed` instead, so that the other shards still get theirs.
+  void commit_calls(RemoteSession::Lease& lease, const StepTag& tag, std::vector<Call>& calls,
+                    std::vector<std::pair<size_t, std::exception_ptr>>& unaddressed);
+  std::string describe_shard(size_t shard) const;
   // Expands the bags' gradients to one row per id (store::PooledGradients) and sends them as update
   // does: one optimizer step.
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
@@ -126,6 +132,12 @@ class RemoteTable final : public store::TableHandle {
   TableInfoResponse info(size_t shard) const;
   std::vector<TableInfoResponse> infos() const;  // every shard's, in order
   std::vector<store::TablePolicyConfig> shard_policies() const;  // every shard's share, in order
+  // Each shard judges a request against its own share of the budget, so one could refuse a batch
+  // another applies. What a share refuses whatever it holds (a request touching more distinct rows of
+  // a shard than its share, with evict and without admission) is refused here, before any shard is
+  // asked, by the table's policy as this handle last set or read it (a handle that did neither, or a
+  // policy another client changed since, leaves the judgment to the shards: no request is added).
+  void refuse_what_a_share_would(const uint64_t* ids, size_t n) const;
 
   const std::shared_ptr<RemoteSession> session_;
   const uint64_t client_id_;
@@ -134,9 +146,10 @@ class RemoteTable final : public store::TableHandle {
   const uint64_t num_rows_;
   const uint32_t dim_;
   const store::ElementType dtype_;
-  mutable std::mutex mutex_;  // guards the two below
+  mutable std::mutex mutex_;  // guards the three below
   mutable std::vector<uint64_t> table_ids_;
   mutable std::vector<uint64_t> epochs_;
+  mutable std::optional<store::TablePolicyConfig> known_policy_;
 };
 
 class RemoteStoreClient final : public store::StoreClient {
@@ -160,6 +173,15 @@ class RemoteStoreClient final : public store::StoreClient {
  private:
   std::shared_ptr<RemoteTable> named_from(const std::string& name, const std::vector<TableDescription>& found,
                                           RemoteSession::Lease& lease);
+  // FIND on every shard: the table's description on each, or none where it is not.
+  std::vector<std::optional<TableDescription>> find_on_every_shard(RemoteSession::Lease& lease, const std::string& name);
+  // The StoreError(NotFound) for a named table on some shards only, naming the first without it.
+  [[noreturn]] void throw_lost(const std::string& name, size_t missing_shard) const;
+  // Refuses (throw_lost) to declare a table some shards hold and others lost: re-creating their part
+  // would silently give its rows back their init values. Another client's first declaration, in
+  // flight, also leaves it on some shards only, but only for a round trip: asked again for
+  // kDeclarationSettleSeconds, a table on some shards only is lost.
+  void refuse_if_lost(RemoteSession::Lease& lease, const std::string& name);
 
   std::shared_ptr<RemoteSession> session_;
   std::atomic<uint64_t> next_id_{1};

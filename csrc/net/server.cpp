@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <mutex>
+#include <optional>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -186,12 +187,24 @@ void serve_connection(Socket socket, ShardService& service, std::shared_ptr<Sess
           continue;
         }
         try {
-          if (!read_frame(socket, frame, Clock::now() + kPayloadTimeout, kPayloadTimeout)) break;
+          if (!read_header(socket, frame, Clock::now() + kPayloadTimeout)) break;
         } catch (const BadFrame& error) {
           send_response(socket, service.refuse_frame(error));
           break;
         }
+        std::optional<ShardService::Reservation> payload;
+        try {
+          payload.emplace(service.admit_payload(frame.header));
+        } catch (const StoreError& full) {
+          // Past --max-memory: the request is refused whole, its bytes read and dropped, never held.
+          skip_payload(socket, frame.header, kPayloadTimeout);
+          open = send_response(socket, service.refuse_request(frame.header, full));
+          last_request = Clock::now();
+          continue;
+        }
+        read_payload(socket, frame, kPayloadTimeout);
         buffers.set(frame.payload.capacity() + service.response_buffer_bytes());
+        payload.reset();  // counted as this connection's buffer from here
         Response response = service.handle(*session, frame);
         open = send_response(socket, response);
         service.recycle(std::move(response.frame));
@@ -273,13 +286,17 @@ void housekeeping(const ServerOptions& options, ShardService& service) {
       std::chrono::duration<double>(std::clamp(options.service.lease_seconds / 4, 0.05, 1.0)));
   const auto checkpoint_every = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.checkpoint_every));
+  const bool checkpoints = !options.checkpoint_dir.empty() && options.checkpoint_every > 0;
   Clock::time_point next_checkpoint = Clock::now() + checkpoint_every;
   while (!stop_requested.load()) {
+    // Woken for the next checkpoint too, so that --checkpoint-every shorter than the tick holds.
+    const Clock::duration wait =
+        checkpoints ? std::clamp<Clock::duration>(next_checkpoint - Clock::now(), Clock::duration::zero(), tick) : tick;
     pollfd entry{stop_pipe[0], POLLIN, 0};
-    ::poll(&entry, 1, int(std::chrono::duration_cast<std::chrono::milliseconds>(tick).count()));
+    ::poll(&entry, 1, int(std::chrono::ceil<std::chrono::milliseconds>(wait).count()));
     if (stop_requested.load()) break;
     service.reap_lapsed_sessions();
-    if (!options.checkpoint_dir.empty() && options.checkpoint_every > 0 && Clock::now() >= next_checkpoint) {
+    if (checkpoints && Clock::now() >= next_checkpoint) {
       write_checkpoint(options, service);
       next_checkpoint = Clock::now() + checkpoint_every;
     }

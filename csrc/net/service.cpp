@@ -48,6 +48,11 @@ Response ShardService::refuse_frame(const BadFrame& error) {
   return response;
 }
 
+Response ShardService::refuse_request(const FrameHeader& header, const StoreError& error) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  return error_response(header.opcode, header.request_id, error.code(), error.what());
+}
+
 Response ShardService::flagged_request(const Frame& frame) {
   // The error flag marks responses: a request carrying it means the peer confuses the two directions.
   return error_response(frame.header.opcode, frame.header.request_id, ErrorCode::Protocol,
@@ -151,7 +156,7 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
       const store::TableStats stats = target.table->stats();
       const uint64_t record_floats =
           stats.dim + store::optimizer_state_words(request.optimizer.kind, target.table->dtype(), stats.dim);
-      reserve(stats.rows * row_cost(record_floats));  // the records are re-laid side by side
+      const Reservation relaid = reserve(stats.rows * row_cost(record_floats));  // records re-laid side by side
       target.table->set_optimizer(request.optimizer);
       return reply_empty(frame);
     }
@@ -269,10 +274,10 @@ void ShardService::adopt_named_tables() {
 }
 
 uint64_t ShardService::memory_used() const {
-  uint64_t used = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes();
+  uint64_t used = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes() + reserved_bytes_.load();
   for (const store::TableInfo& info : store_.list()) {
     try {
-      used += store_.table(info.id)->stats().bytes;
+      used += store_.table(info.id)->memory_bytes();
     } catch (const StoreError&) {
       // Freed since list(): it holds nothing any more.
     }
@@ -280,14 +285,27 @@ uint64_t ShardService::memory_used() const {
   return used;
 }
 
-void ShardService::reserve(uint64_t growth, const std::function<uint64_t()>& precise) const {
-  if (options_.max_memory == 0) return;
+ShardService::Reservation ShardService::reserve(uint64_t growth, const std::function<uint64_t()>& precise,
+                                               uint64_t working) const {
+  if (options_.max_memory == 0) return {};
+  // A small request's own memory is left out, so that a full shard still answers reads of the rows it
+  // holds: at most --max-connections times this, part of the constant docs/server.md states.
+  constexpr uint64_t kUncountedWorkingBytes = 64 << 10;
+  if (working <= kUncountedWorkingBytes) working = 0;
+  if (growth == 0 && working == 0) return {};  // adds nothing: admitted even to a full shard
+  std::lock_guard<std::mutex> lock(reserve_mutex_);
   const uint64_t used = memory_used();
-  if (used + growth <= options_.max_memory) return;
+  const auto admit = [&] {
+    reserved_bytes_.fetch_add(growth + working);
+    return Reservation(reserved_bytes_, growth + working);
+  };
+  if (used + growth + working <= options_.max_memory) return admit();
   if (precise) {
     growth = precise();
-    if (used + growth <= options_.max_memory) return;
+    if (growth == 0 && working == 0) return {};
+    if (used + growth + working <= options_.max_memory) return admit();
   }
+  growth += working;
   throw StoreError(ErrorCode::Full, "store full: shard " + std::to_string(options_.shard) + " holds " +
                                         std::to_string(used) + " bytes of its --max-memory " +
                                         std::to_string(options_.max_memory) + " and this request could add " +
@@ -295,15 +313,19 @@ void ShardService::reserve(uint64_t growth, const std::function<uint64_t()>& pre
                                         " more; free tables or erase rows, add shards, or raise --max-memory");
 }
 
-void ShardService::reserve_rows(const store::Table& table, const uint64_t* ids, size_t n) const {
+ShardService::Reservation ShardService::reserve_rows(const store::Table& table, const uint64_t* ids, size_t n,
+                                                    uint64_t working) const {
   const store::TableConfig config = table.config();
   const uint64_t cost = row_cost(uint64_t{config.dim} + config.state_floats);
-  reserve(n * cost, [&] {
-    // Only rows not materialized yet grow the table.
-    std::vector<uint8_t> present(n);
-    table.exists(ids, n, present.data());
-    return uint64_t(std::count(present.begin(), present.end(), uint8_t{0})) * cost;
-  });
+  return reserve(
+      n * cost,
+      [&] {
+        // Only rows not materialized yet grow the table.
+        std::vector<uint8_t> present(n);
+        table.exists(ids, n, present.data());
+        return uint64_t(std::count(present.begin(), present.end(), uint8_t{0})) * cost;
+      },
+      working);
 }
 
 // ---- Sessions ----
@@ -366,7 +388,7 @@ std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& f
   const auto request = decode<CreateTableRequest>(frame);
   store::validate_table_config(request.config);
   check_table_shape(request.config);
-  reserve(kNewTableBytes);
+  const Reservation table_bytes = reserve(kNewTableBytes);
   std::lock_guard<std::mutex> lock(session.mutex);
   const uint64_t table_id = store_.create_table(request.config, request.init_stream);
   register_table(table_id, TableEntry{request.route_key, session.id, {}});
@@ -378,7 +400,7 @@ std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
   const auto request = decode<OpenNamedRequest>(frame);
   store::validate_table_config(request.declaration.config);
   check_table_shape(request.declaration.config);
-  if (!store_.find(request.name)) reserve(kNewTableBytes);
+  const Reservation table_bytes = store_.find(request.name) ? Reservation() : reserve(kNewTableBytes);
   const store::DeclaredTable declared = store_.declare_table(request.name, request.declaration);
   if (declared.replaced) {
     std::lock_guard<std::mutex> lock(directory_mutex_);
@@ -447,9 +469,11 @@ std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame
   check_rows(target, request.ids.data(), n);
   const uint64_t dim = target.table->config().dim;
   check_response_size(n * dim * sizeof(float), opcode_name(uint8_t(frame.header.opcode)));
-  if (materialize) reserve_rows(*target.table, request.ids.data(), n);
   // The rows go straight into the response frame: its payload is one array of n * dim floats.
-  std::vector<uint8_t> response = take_buffer_of_size(kHeaderBytes + sizeof(uint32_t) + n * dim * sizeof(float));
+  const uint64_t response_bytes = kHeaderBytes + sizeof(uint32_t) + n * dim * sizeof(float);
+  const Reservation reserved = materialize ? reserve_rows(*target.table, request.ids.data(), n, response_bytes)
+                                           : reserve(0, {}, response_bytes);
+  std::vector<uint8_t> response = take_buffer_of_size(response_bytes);
   auto* rows = reinterpret_cast<float*>(place_array<float>(response, kHeaderBytes, n * dim));
   if (materialize) {
     target.table->gather(request.ids.data(), n, rows);
@@ -490,9 +514,11 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
     invalid("ignore_nan holds " + std::to_string(request.ignore_nan.size()) + " flags; mode " +
             (max ? "Max needs one per bag (" + std::to_string(num_bags) + ")" : std::string("Sum and Mean take none")));
   }
-  check_response_size(num_bags * dim * sizeof(float) * (max ? 2 : 1) + num_bags * sizeof(uint32_t),
-                      "GATHER_POOLED_PARTIAL");
-  reserve_rows(*target.table, request.ids.data(), n);
+  const uint64_t response_bytes = num_bags * dim * sizeof(float) * (max ? 2 : 1) + num_bags * sizeof(uint32_t);
+  check_response_size(response_bytes, "GATHER_POOLED_PARTIAL");
+  // The response, and the positions of Max as int64 before they are narrowed into it.
+  const Reservation reserved =
+      reserve_rows(*target.table, request.ids.data(), n, response_bytes + (max ? num_bags * dim * sizeof(int64_t) : 0));
 
   PooledPartialResponse response;
   response.values.resize(num_bags * dim);
@@ -529,7 +555,7 @@ std::vector<uint8_t> ShardService::write_or_update(const Session& session, const
             " floats; " + std::to_string(n) + " ids of dim " + std::to_string(dim) + " need " + std::to_string(n * dim));
   }
   check_rows(target, request.ids.data(), n);
-  reserve_rows(*target.table, request.ids.data(), n);
+  const Reservation reserved = reserve_rows(*target.table, request.ids.data(), n);
   if (update) {
     target.table->update(request.ids.data(), n, request.rows.data());
   } else {
@@ -550,7 +576,7 @@ std::vector<uint8_t> ShardService::write_bytes(const Session& session, const Fra
   std::vector<uint64_t> rows(last_row - first_row + 1);  // at most nbytes / 4 + 2: bounded by the frame
   for (uint64_t row = first_row; row <= last_row; ++row) rows[row - first_row] = row;
   check_rows(target, rows.data(), rows.size());
-  reserve_rows(*target.table, rows.data(), rows.size());
+  const Reservation reserved = reserve_rows(*target.table, rows.data(), rows.size());
   target.table->write_bytes(request.byte_offset, nbytes, request.data.data());
   return reply_empty(frame);
 }
@@ -588,7 +614,7 @@ std::vector<uint8_t> ShardService::set_policy(const Session& session, const Fram
   const auto request = decode<SetPolicyRequest>(frame);
   store::validate_policy(request.policy);
   const Target target = resolve(session, request.table_id);
-  reserve(sketch_bytes(request.policy));
+  const Reservation sketch = reserve(sketch_bytes(request.policy));
   target.table->set_policy(request.policy);
   return reply_empty(frame);
 }
@@ -612,7 +638,7 @@ std::vector<uint8_t> ShardService::restore_policy(const Session& session, const 
   // decode_policy_state checks every count against the bytes present before it allocates.
   const store::Table::PolicyState state =
       store::decode_policy_state(request.state.data(), request.state.size(), num_rows, num_rows);
-  reserve(sketch_bytes(state.config));
+  const Reservation sketch = reserve(sketch_bytes(state.config));
   target.table->restore_policy_state(state);
   return reply_empty(frame);
 }

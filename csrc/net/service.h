@@ -67,6 +67,35 @@ class ShardService {
   uint64_t response_buffer_bytes() const;
   void release_response_buffer();
 
+  // Bytes a request admitted under --max-memory may still add (reserve), held from its admission to
+  // its end: concurrent requests are admitted against the cap together, so that twenty requests
+  // checked at once cannot each fit what the others have not materialized yet. A request's rows,
+  // once materialized, are counted by their table as well until it ends: an over-count, never an
+  // under-count.
+  class Reservation {
+   public:
+    Reservation() = default;
+    Reservation(std::atomic<uint64_t>& held, uint64_t bytes) : held_(&held), bytes_(bytes) {}
+    Reservation(Reservation&& other) noexcept : held_(other.held_), bytes_(other.bytes_) { other.held_ = nullptr; }
+    Reservation& operator=(Reservation&&) = delete;
+    ~Reservation() {
+      if (held_ != nullptr) held_->fetch_sub(bytes_);
+    }
+
+   private:
+    std::atomic<uint64_t>* held_ = nullptr;
+    uint64_t bytes_ = 0;
+  };
+  // --max-memory, before a request's payload is read: the payload's bytes reserved until the
+  // connection's buffer count holds them, or StoreError(Full) if they would pass the limit (the
+  // caller then skips the payload and answers refuse_request: the request is refused whole without
+  // being held). Payloads below a small size are not counted (see reserve), nor those of ERASE, which
+  // is how a full shard is given room.
+  [[nodiscard]] Reservation admit_payload(const FrameHeader& header) const {
+    return header.opcode == Opcode::Erase ? Reservation() : reserve(0, {}, header.payload_bytes);
+  }
+  Response refuse_request(const FrameHeader& header, const store::StoreError& error);
+
   // Frees what lapsed sessions owned, and the synchronous steps nobody committed before their
   // deadline. Called periodically by the server.
   void reap_lapsed_sessions();
@@ -101,12 +130,16 @@ class ShardService {
   TableDescription describe_table(uint64_t table_id, const store::Table& table) const;
   void register_table(uint64_t table_id, const TableEntry& entry);
 
-  // --max-memory: throws StoreError(Full) unless the store can grow by `growth` bytes. When the
-  // estimate does not fit, `precise` (if given) computes a tighter one first.
-  void reserve(uint64_t growth, const std::function<uint64_t()>& precise = {}) const;
+  // --max-memory: throws StoreError(Full) unless the store can grow by `growth` bytes (and the
+  // request use `working` bytes of its own, such as its response) beside what the store holds and
+  // every admitted request reserved. When the estimate does not fit, `precise` (if given) computes a
+  // tighter growth first.
+  [[nodiscard]] Reservation reserve(uint64_t growth, const std::function<uint64_t()>& precise = {},
+                                    uint64_t working = 0) const;
   uint64_t memory_used() const;
-  // Estimated bytes a batch of ids could add to a table by materializing rows.
-  void reserve_rows(const store::Table& table, const uint64_t* ids, size_t n) const;
+  // Estimated bytes a batch of ids could add to a table by materializing rows, plus `working`.
+  [[nodiscard]] Reservation reserve_rows(const store::Table& table, const uint64_t* ids, size_t n,
+                                         uint64_t working = 0) const;
 
   void free_session_objects(Session& session);
 
@@ -143,6 +176,8 @@ class ShardService {
   std::atomic<uint64_t> staged_bytes_{0};
   StagedSteps staged_steps_;
   std::atomic<uint64_t> buffer_bytes_{0};
+  mutable std::mutex reserve_mutex_;  // one admission at a time: the check and the hold are one step
+  mutable std::atomic<uint64_t> reserved_bytes_{0};
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> connections_{0};

@@ -25,11 +25,15 @@ std::vector<uint8_t> ShardService::stage_update(const Session& session, const Fr
   check_rows(target, rows.ids.data(), n);
   store::check_update_gradients(rows.dtype, dim, rows.ids.data(), n, rows.rows.data(),
                                 "table " + std::to_string(rows.table_id));
-  reserve(n * (sizeof(uint64_t) + uint64_t{dim} * sizeof(float)));  // the part itself, held until applied
-  reserve_rows(*target.table, rows.ids.data(), n);
+  // The part itself, held until applied (counted by the staged steps once staged), and the rows the
+  // step may materialize.
+  const Reservation part = reserve(n * (sizeof(uint64_t) + uint64_t{dim} * sizeof(float)));
+  const Reservation new_rows = reserve_rows(*target.table, rows.ids.data(), n);
   if (request.timeout_ms == 0) invalid("a synchronous step's timeout_ms must be positive");
+  // The budget is judged on the whole step (every rank's rows), once they are all in.
   staged_steps_.stage(rows.table_id, request.tag, request.rank_rows, request.timeout_ms / 1000.0,
-                      std::move(rows.ids), std::move(rows.rows));
+                      std::move(rows.ids), std::move(rows.rows),
+                      [&](const std::vector<uint64_t>& ids) { target.table->check_update_fits(ids.data(), ids.size()); });
   return reply_empty(frame);
 }
 

@@ -118,7 +118,7 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
   load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
   load.header = std::move(request);
   load.bytes = kNewTableBytes;
-  reserve(load.bytes);
+  const Reservation reserved = reserve(load.bytes);
   const uint64_t load_id = sessions_.next_object_id();
   std::lock_guard<std::mutex> lock(session.mutex);
   staged_bytes_.fetch_add(load.bytes);
@@ -153,7 +153,7 @@ std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& fram
     }
   }
   const uint64_t growth = n * row_cost(record_floats);
-  reserve(growth);
+  const Reservation reserved = reserve(growth);
   for (size_t i = 0; i < n; ++i) {
     if (!load.rows->insert(request.ids[i], request.records.data() + i * record_floats)) {
       staged_bytes_.fetch_sub(load.bytes);

@@ -41,13 +41,30 @@ StagedSteps::Steps::iterator StagedSteps::forget(Steps::iterator entry) {
   return steps_.erase(entry);
 }
 
+void StagedSteps::fail(const Key& key, const std::shared_ptr<Step>& step, std::exception_ptr failure) {
+  step->failure = std::move(failure);
+  step->state = State::Failed;
+  const auto found = steps_.find(key);
+  if (found != steps_.end() && found->second == step) forget(found);
+  changed_.notify_all();
+}
+
+std::vector<uint64_t> StagedSteps::all_ids(const Step& step) {
+  size_t rows = 0;
+  for (const auto& part : step.ids) rows += part.size();
+  std::vector<uint64_t> ids;
+  ids.reserve(rows);
+  for (const auto& part : step.ids) ids.insert(ids.end(), part.begin(), part.end());
+  return ids;
+}
+
 uint64_t StagedSteps::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_;
 }
 
 void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_rows, double timeout_seconds,
-                        std::vector<uint64_t>&& ids, std::vector<float>&& grads) {
+                        std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check) {
   const std::string what = describe(table_id, tag);
   if (tag.world == 0 || tag.world > kMaxWorld || tag.rank >= tag.world) {
     throw StoreError(ErrorCode::InvalidArgument, what + ": rank " + std::to_string(tag.rank) + " of " +
@@ -100,6 +117,12 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
   bool complete = true;
   for (const bool staged : step->staged) complete = complete && staged;
   if (complete) {
+    try {
+      check(all_ids(*step));
+    } catch (...) {
+      fail(key, step, std::current_exception());
+      throw;
+    }
     step->state = State::Ready;
     step->deadline = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
     changed_.notify_all();
@@ -120,11 +143,7 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
                                                     std::to_string(step->world) + " sent no part within " +
                                                     seconds_text(timeout) +
                                                     " (dead or hung); nothing of this step was applied");
-  step->failure = std::make_exception_ptr(error);
-  step->state = State::Failed;
-  const auto found = steps_.find(key);
-  if (found != steps_.end() && found->second == step) forget(found);
-  changed_.notify_all();
+  fail(key, step, std::make_exception_ptr(error));
   throw error;
 }
 
@@ -153,20 +172,12 @@ void StagedSteps::commit(uint64_t table_id, const StepTag& tag, const Apply& app
     lock.unlock();
     std::exception_ptr failure;
     try {
-      size_t rows = 0, words = 0;
-      for (uint32_t r = 0; r < step->world; ++r) {
-        rows += step->ids[r].size();
-        words += step->grads[r].size();
-      }
-      std::vector<uint64_t> ids;
+      size_t words = 0;
+      for (const auto& part : step->grads) words += part.size();
       std::vector<float> grads;
-      ids.reserve(rows);
       grads.reserve(words);
-      for (uint32_t r = 0; r < step->world; ++r) {
-        ids.insert(ids.end(), step->ids[r].begin(), step->ids[r].end());
-        grads.insert(grads.end(), step->grads[r].begin(), step->grads[r].end());
-      }
-      apply(ids, grads, step->any_rows);
+      for (const auto& part : step->grads) grads.insert(grads.end(), part.begin(), part.end());
+      apply(all_ids(*step), grads, step->any_rows);
     } catch (...) {
       failure = std::current_exception();
     }

@@ -36,15 +36,20 @@ class StagedSteps {
   // Applies a step's rows (the parts in rank order) as one update; any_rows: some rank recorded a row
   // of the table on some shard (else nothing is applied, as a step without rows in one process).
   using Apply = std::function<void(const std::vector<uint64_t>& ids, const std::vector<float>& grads, bool any_rows)>;
+  // Throws (StoreError) if a step of these rows (every rank's ids, in rank order) could be refused by
+  // its apply: run once, when the last part arrives, so that a step this shard would refuse fails at
+  // staging on every rank, before any shard applies it.
+  using Check = std::function<void(const std::vector<uint64_t>& ids)>;
 
   StagedSteps(uint64_t max_bytes, double max_seconds) : max_bytes_(max_bytes), max_seconds_(max_seconds) {}
 
   // Stages rank tag.rank's part of the step of `table_id` and waits until every rank's part is in.
   // Throws StoreError: Unavailable naming the missing ranks when the timeout passes first (the step's
   // parts are then dropped: nothing of it can be applied here), Full past max_bytes, InvalidArgument
-  // for a part that contradicts the step's others (world size, a rank sent twice, a step already past).
+  // for a part that contradicts the step's others (world size, a rank sent twice, a step already past),
+  // and check's error, to every rank, when the step is complete but check refuses it.
   void stage(uint64_t table_id, const StepTag& tag, uint64_t rank_rows, double timeout_seconds,
-             std::vector<uint64_t>&& ids, std::vector<float>&& grads);
+             std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check);
   // Applies a ready step (the first commit, through `apply`) or returns once it is applied (the
   // others). Throws StoreError(NotFound) for a step that is not ready here (never staged, failed or
   // expired), and the apply's own error to every committing rank when the apply failed.
@@ -75,6 +80,10 @@ class StagedSteps {
 
   // Frees a step's parts (under mutex_).
   void drop_parts(Step& step);
+  // Fails a step for every rank with `failure` and forgets it (under mutex_).
+  void fail(const Key& key, const std::shared_ptr<Step>& step, std::exception_ptr failure);
+  // Every rank's ids of a step, in rank order.
+  static std::vector<uint64_t> all_ids(const Step& step);
   // Removes a step's entry and uncounts all it held (under mutex_); returns the next entry.
   Steps::iterator forget(Steps::iterator entry);
   std::string describe(uint64_t table_id, const StepTag& tag) const;

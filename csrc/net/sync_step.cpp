@@ -51,9 +51,52 @@ void commit_step(const std::vector<RemoteTable*>& tables, const StepTag& tag, do
   if (tables.empty()) return;
   RemoteSession& session = session_of(tables);
   RemoteSession::Lease lease(session);
+  // Every shard that can be asked is asked, even when another cannot: the step then holds on every
+  // shard still holding it, and the error below can say where it was applied.
   std::vector<Call> calls;
-  for (RemoteTable* table : tables) table->commit_calls(lease, tag, calls);
-  session.exchange_within(lease, calls, client_timeout(session, timeout_seconds));
+  std::vector<std::string> call_label;
+  std::vector<std::pair<size_t, std::exception_ptr>> unaddressed;
+  std::vector<std::string> failed;
+  std::exception_ptr first_error;
+  for (RemoteTable* table : tables) {
+    const size_t first_call = calls.size();
+    const size_t first_unaddressed = unaddressed.size();
+    table->commit_calls(lease, tag, calls, unaddressed);
+    for (size_t k = first_call; k < calls.size(); ++k) call_label.push_back(table->describe_shard(calls[k].shard));
+    for (size_t k = first_unaddressed; k < unaddressed.size(); ++k) {
+      failed.push_back(table->describe_shard(unaddressed[k].first));
+      if (!first_error) first_error = unaddressed[k].second;
+    }
+  }
+  std::vector<bool> applied(calls.size(), false);
+  try {
+    session.exchange_within(lease, calls, client_timeout(session, timeout_seconds), [&](size_t k) { applied[k] = true; });
+  } catch (const StoreError&) {
+    if (!first_error) first_error = std::current_exception();
+  }
+  if (failed.empty() && first_error == nullptr) return;
+  std::string applied_on, why;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (applied[k]) applied_on += (applied_on.empty() ? "" : ", ") + call_label[k];
+    else failed.push_back(call_label[k]);
+  }
+  try {
+    std::rethrow_exception(first_error);
+  } catch (const StoreError& error) {
+    why = error.what();
+  }
+  if (applied_on.empty()) {
+    throw StoreError(ErrorCode::Unavailable, "nothing of this step was applied: " + why);
+  }
+  // A shard that restarted between staging and commit lost its parts: the step cannot be applied
+  // there any more, and the tables now hold it on some shards only.
+  std::string missing;
+  for (const std::string& label : failed) missing += (missing.empty() ? "" : ", ") + label;
+  throw StoreError(ErrorCode::Unavailable,
+                   "this step was applied to " + applied_on + " but not to " + missing + " (" + why +
+                       "): the tables now differ from a single process by this step on those shards. Restore every "
+                       "table of the step from the fleet's last checkpoint (ops.load, or restart the shards from their "
+                       "--checkpoint-dir) before training on (docs/fleet.md, \"A shard restarted mid-step\")");
 }
 
 }  // namespace recdev::net

@@ -160,7 +160,10 @@ at::Tensor declare_table(const std::string& name, int64_t num_embeddings, int64_
     declaration.config.init = rule_of(std::get<0>(*init), std::get<1>(*init), std::get<2>(*init));
     declaration.declares_init = true;
   }
-  if (optimizer) declaration.optimizer = optimizer_config(optimizer->first, optimizer->second);
+  if (optimizer) {
+    declaration.optimizer = optimizer_config(optimizer->first, optimizer->second);
+    declaration.declares_rounding = optimizer->second.count("stochastic_rounding") != 0;
+  }
   declaration.reset = reset;
   std::shared_ptr<store::StoreClient> client = current_store();
   std::shared_ptr<store::TableHandle> table;
@@ -273,6 +276,10 @@ py::tuple table_declaration(const at::Tensor& t) {
     if (optimizer.kind == store::OptimizerKind::Adam) {
       hp["beta1"] = optimizer.beta1;
       hp["beta2"] = optimizer.beta2;
+    }
+    if (optimizer.stochastic_rounding) {
+      hp["stochastic_rounding"] = 1.0;
+      hp["rounding_seed"] = static_cast<double>(optimizer.rounding_seed);  // below 2^53: exact
     }
     fused = py::make_tuple(kind->second, hp);
   }
@@ -459,6 +466,10 @@ void bind_table_api(py::module_& m) {
     table.set_policy(config);
   });
   m.def("_table_policy", [](const at::Tensor& t) { return store::policy_to_dict(table_of(t, "table_policy").policy()); });
+  m.def("_table_has_policy", [](const at::Tensor& t) { return table_of(t, "table_policy").policy().active(); });
+  m.def("_table_is_sync", [](const at::Tensor& t) {
+    return dynamic_cast<store::DeferredTable*>(&table_of(t, "sync")) != nullptr;
+  });
   m.def("_set_table_lr", [](const at::Tensor& t, double lr) { table_of(t, "set_lr").set_learning_rate(lr); });
   m.def("_table_optimizer_step", [](const at::Tensor& t) { return table_of(t, "optimizer_step").optimizer_step(); });
   m.def("_set_table_optimizer_step", [](const at::Tensor& t, uint64_t step) {

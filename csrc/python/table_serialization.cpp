@@ -79,6 +79,8 @@ uint32_t header_crc32(const SavedHeader& h) {
   // Hashed only when not float32, so that the headers of float32 tables saved before tables had a
   // type still verify.
   if (config.dtype != store::ElementType::Float32) put(static_cast<uint8_t>(config.dtype));
+  // Likewise only with stochastic rounding, which snapshots before it did not carry.
+  if (optimizer.stochastic_rounding) put(optimizer.rounding_seed);
   return store::crc32_update(0, bytes.data(), bytes.size());
 }
 
@@ -148,6 +150,11 @@ py::tuple table_snapshot(const at::Tensor& t) {
       static_cast<uint32_t>(optimizer.kind), optimizer.lr, optimizer.weight_decay, optimizer.eps, optimizer.lr_decay,
       optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2);
   d["optimizer_step"] = header.optimizer_step;
+  // Only with stochastic rounding (a snapshot without these fields rounds to nearest).
+  if (optimizer.stochastic_rounding) {
+    d["stochastic_rounding"] = true;
+    d["rounding_seed"] = optimizer.rounding_seed;
+  }
   d["crc32_chunk_bytes"] = kChecksumChunkBytes;
   d["header_crc32"] = header_crc32({block.nbytes, block.row_bytes, header});
   d["ids_crc32"] = ids_crc32;
@@ -217,6 +224,10 @@ SavedHeader read_header(const py::dict& header, uint64_t row_count) {
   const auto [optimizer_kind, hp] = kind_and_numbers(header, "optimizer", 7);
   saved.table.optimizer = store::OptimizerConfig{
       static_cast<store::OptimizerKind>(optimizer_kind), hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]};
+  if (header.contains("stochastic_rounding")) {
+    saved.table.optimizer.stochastic_rounding = field<bool>(header, "stochastic_rounding");
+    saved.table.optimizer.rounding_seed = field<uint64_t>(header, "rounding_seed");
+  }
   saved.table.optimizer_step = field<uint64_t>(header, "optimizer_step");
   saved.table.row_count = row_count;
   return saved;
@@ -312,6 +323,11 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
     refuse("unknown optimizer kind " + std::to_string(static_cast<uint32_t>(optimizer.kind)));
   }
   store::validate_optimizer(optimizer);
+  if (optimizer.stochastic_rounding && config.dtype != store::ElementType::Float16 &&
+      config.dtype != store::ElementType::BFloat16) {
+    refuse(std::string("it has stochastic rounding on ") + store::element_type_name(config.dtype) +
+           " rows; only float16 and bfloat16 rows are rounded");
+  }
   if (optimizer.kind != store::OptimizerKind::None &&
       config.state_floats != store::optimizer_state_words(optimizer.kind, config.dtype, config.dim)) {
     refuse("its rows carry " + std::to_string(config.state_floats) + " optimizer-state words, but its optimizer " +

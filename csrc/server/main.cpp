@@ -7,6 +7,8 @@
 //
 // Exit status: 0 after a clean shutdown (SIGTERM / SIGINT) or a --stats report; 1 when the server
 // cannot start or the stats cannot be read; 2 for a bad command line.
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -31,6 +33,11 @@ int print_stats(const CommandLine& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // glibc raises its mmap threshold to the largest block freed (up to 32 MiB), after which request
+  // and response buffers come from the connection threads' heaps and stay resident there when freed:
+  // 20 idle connections after one 32 MiB GATHER each kept 488 MiB. A fixed threshold maps every
+  // block from 1 MiB and unmaps it when freed (153 MiB: the table's own rows).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   CommandLine args;
   try {
     args = recdev::server::parse_command_line(argc, argv);

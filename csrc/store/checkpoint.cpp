@@ -27,14 +27,19 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'T', 'B'};
 // (element_type.h; 0 is float32, so a version 2 file reads as float32 tables).
 // 4: every section ends with its policy block (u64 policy_bytes, then that many bytes of
 // encode_policy_state; 0 for a table without a policy).
-constexpr uint32_t kFormatVersion = 4;
+// 5: the u32 after optimizer_kind, reserved (0) before, holds optimizer flags (bit 0: stochastic
+// rounding), and a u64 rounding_seed follows beta2, so that a checkpoint keeps the rounding mode.
+constexpr uint32_t kFormatVersion = 5;
 constexpr uint32_t kPolicyFormatVersion = 4;
+constexpr uint32_t kRoundingFormatVersion = 5;
+constexpr uint32_t kStochasticRoundingFlag = 1;
 constexpr uint32_t kOldestFormatVersion = 2;
 constexpr uint32_t kMaxNameLength = 4096;
 // magic, version, table_count, crc
 constexpr uint64_t kFileFixedBytes = sizeof(kMagic) + 4 + 4 + 4;
 // name_length, num_rows, dim, state_floats, init_kind, element type, init a, b, seed, init_stream,
-// optimizer_kind, reserved, 7 optimizer parameters, optimizer_step, row_count
+// optimizer_kind, optimizer flags, 7 optimizer parameters, (rounding_seed from version 5,) optimizer_step,
+// row_count; the smallest section, of the oldest version, bounds the table count.
 constexpr uint64_t kSectionFixedBytes = 4 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 7 * 8 + 8 + 8;
 constexpr uint64_t kCrcBytes = 4;
 // Rows are read in batches of about this many bytes.
@@ -193,7 +198,7 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
         out.put(config.init.seed);
         out.put(header.init_stream);
         out.put(uint32_t(optimizer.kind));
-        out.put(uint32_t{0});
+        out.put(optimizer.stochastic_rounding ? kStochasticRoundingFlag : uint32_t{0});
         out.put(optimizer.lr);
         out.put(optimizer.weight_decay);
         out.put(optimizer.eps);
@@ -201,6 +206,7 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
         out.put(optimizer.initial_accumulator_value);
         out.put(optimizer.beta1);
         out.put(optimizer.beta2);
+        out.put(optimizer.rounding_seed);
         out.put(header.optimizer_step);
         out.put(header.row_count);
         rows = header.row_count;
@@ -273,7 +279,12 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
   info.config.init.seed = in.get<uint64_t>();
   info.init_stream = in.get<uint64_t>();
   info.optimizer.kind = OptimizerKind(in.get<uint32_t>());
-  if (in.get<uint32_t>() != 0) corrupt(path, "has a non-zero reserved field in " + table);
+  const uint32_t flags = in.get<uint32_t>();
+  const uint32_t known_flags = version >= kRoundingFormatVersion ? kStochasticRoundingFlag : 0;
+  if ((flags & ~known_flags) != 0) {
+    corrupt(path, "has unknown optimizer flags " + std::to_string(flags) + " in " + table);
+  }
+  info.optimizer.stochastic_rounding = (flags & kStochasticRoundingFlag) != 0;
   info.optimizer.lr = in.get<double>();
   info.optimizer.weight_decay = in.get<double>();
   info.optimizer.eps = in.get<double>();
@@ -281,6 +292,7 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
   info.optimizer.initial_accumulator_value = in.get<double>();
   info.optimizer.beta1 = in.get<double>();
   info.optimizer.beta2 = in.get<double>();
+  if (version >= kRoundingFormatVersion) info.optimizer.rounding_seed = in.get<uint64_t>();
   info.optimizer_step = in.get<uint64_t>();
   info.row_count = in.get<uint64_t>();
   try {
@@ -292,6 +304,11 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
     validate_optimizer(info.optimizer);
   } catch (const StoreError& error) {
     corrupt(path, "has an invalid optimizer in " + table + ": " + error.what());
+  }
+  if (info.optimizer.stochastic_rounding && info.config.dtype != ElementType::Float16 &&
+      info.config.dtype != ElementType::BFloat16) {
+    corrupt(path, "has stochastic rounding on the " + std::string(element_type_name(info.config.dtype)) + " rows of " +
+                      table + "; only float16 and bfloat16 rows are rounded");
   }
   if (info.optimizer.kind != OptimizerKind::None &&
       info.config.state_floats !=

@@ -1,18 +1,18 @@
 // Checkpoint files: tables as their init rule plus their materialized rows only, so a file's size
 // follows the rows touched, not num_rows.
 //
-// Byte layout, format version 4. Integers are unsigned little-endian, f64/f32 are IEEE-754
+// Byte layout, format version 5. Integers are unsigned little-endian, f64/f32 are IEEE-754
 // little-endian; row floats are stored bit-exactly (nan payloads included).
 //
-//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 4 | u32 table_count
+//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 5 | u32 table_count
 //               | table_count x section | u32 crc
 //   section  := u32 name_length (<= 4096) | name (UTF-8, name_length bytes; empty = anonymous)
 //               | u64 num_rows | u32 dim | u32 state_floats
 //               | u32 init_kind (InitKind) | u32 element_type | f64 init_a | f64 init_b | u64 init_seed
 //               | u64 init_stream          (the table id that fill_row draws init values with)
-//               | u32 optimizer_kind (OptimizerKind) | u32 reserved = 0
+//               | u32 optimizer_kind (OptimizerKind) | u32 optimizer_flags (bit 0: stochastic rounding)
 //               | f64 lr | f64 weight_decay | f64 eps | f64 lr_decay | f64 initial_accumulator_value
-//               | f64 beta1 | f64 beta2 | u64 optimizer_step
+//               | f64 beta1 | f64 beta2 | u64 rounding_seed | u64 optimizer_step
 //               | u64 row_count | row_count x row
 //               | u64 policy_bytes | policy (policy_bytes bytes; 0: the table has no policy)
 //   row      := u64 row_id | (dim + state_floats) x f32   (weight, then optimizer state)
@@ -27,8 +27,9 @@
 //               | u64 sketch_since_aging | u64 sketch_count | sketch_count x u16 (0 or 4 x sketch_width)
 //               | u64 touch_count | touch_count x (u64 id | u64 tick | u64 step | f64 age_seconds
 //               | f64 lfu_score)   (the rows' touch metadata, in eviction order; only rows in the file)
-// Version 3 is version 4 without the policy blocks; version 2 has a reserved 0 for the element
-// type (float32). Both still load (their tables have no policy). Version 1 (no optimizer) files are
+// Version 4 is version 5 with optimizer_flags reserved (0) and no rounding_seed (tables without
+// stochastic rounding); version 3 is version 4 without the policy blocks; version 2 has a reserved 0 for the element
+// type (float32). All three still load (their tables have no policy). Version 1 (no optimizer) files are
 // refused as an unsupported version.
 //
 // Loading a table with a policy removes the destination's policy, installs the rows, then restores

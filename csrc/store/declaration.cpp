@@ -52,6 +52,16 @@ std::string declaration_mismatch(const TableConfig& existing, const OptimizerCon
   return differences;
 }
 
+std::optional<OptimizerConfig> declared_optimizer(const TableDeclaration& declared, const OptimizerConfig& existing) {
+  if (!declared.optimizer) return std::nullopt;
+  OptimizerConfig optimizer = *declared.optimizer;
+  if (!declared.declares_rounding && existing.kind != OptimizerKind::None) {
+    optimizer.stochastic_rounding = existing.stochastic_rounding;
+    optimizer.rounding_seed = existing.rounding_seed;
+  }
+  return optimizer;
+}
+
 std::string declaration_error(const std::string& name, const std::string& mismatch) {
   return "table '" + name + "' already exists and differs from its declaration in " + mismatch +
          ". Declare it as it is to keep its rows, or pass reset=True to drop its rows and optimizer state and "

@@ -16,6 +16,9 @@ struct TableDeclaration {
   TableConfig config;          // num_rows and dim; init when declares_init (its seed is not compared)
   bool declares_init = false;  // false: the declaration says nothing about the init rule
   std::optional<OptimizerConfig> optimizer;  // none: says nothing about the optimizer
+  // false: the declared optimizer says nothing about stochastic rounding, and the table keeps its
+  // rounding mode and seed (another rank, share_tables, a script that predates the rounding).
+  bool declares_rounding = false;
   bool reset = false;          // drop every row and optimizer state, whatever the table was
 };
 
@@ -26,6 +29,11 @@ struct TableDeclaration {
 // optimizer's hyperparameters may change, its kind would drop the state).
 std::string declaration_mismatch(const TableConfig& existing, const OptimizerConfig& optimizer,
                                  const TableDeclaration& declared);
+
+// The optimizer a declaration sets on a table whose optimizer is `existing`: the declared one, with
+// the existing rounding mode and seed when the declaration does not name them; none when the
+// declaration names no optimizer.
+std::optional<OptimizerConfig> declared_optimizer(const TableDeclaration& declared, const OptimizerConfig& existing);
 
 // The StoreError(InvalidArgument) text for a mismatch on table `name`.
 std::string declaration_error(const std::string& name, const std::string& mismatch);

@@ -62,15 +62,16 @@ DeclaredTable Store::declare_table(const std::string& name, const TableDeclarati
       const std::string mismatch = declaration_mismatch(existing, table->optimizer(), declaration);
       if (!mismatch.empty()) throw StoreError(ErrorCode::InvalidArgument, declaration_error(name, mismatch));
       // Same kind: set_optimizer keeps every row's state and the step.
-      if (declaration.optimizer && *declaration.optimizer != table->optimizer()) table->set_optimizer(*declaration.optimizer);
+      const std::optional<OptimizerConfig> optimizer = declared_optimizer(declaration, table->optimizer());
+      if (optimizer && *optimizer != table->optimizer()) table->set_optimizer(*optimizer);
       result.id = found->second;
       return result;
     }
-    if (existing.num_rows == config.num_rows && existing.dim == config.dim) {
-      // In place, so that other clients' handles stay valid. set_init drops every row with its state.
-      table->set_init(declaration.declares_init ? config.init : existing.init);
-      table->set_optimizer(declaration.optimizer.value_or(table->optimizer()));
-      table->set_optimizer_step(0);
+    // In place only when the rows keep their shape and type, so that other clients' handles stay
+    // valid and read what they expect; a handle of another dtype must never see these bytes.
+    if (existing.num_rows == config.num_rows && existing.dim == config.dim && existing.dtype == config.dtype) {
+      table->reset(declaration.declares_init ? config.init : existing.init,
+                   declared_optimizer(declaration, table->optimizer()).value_or(table->optimizer()));
       result.id = found->second;
       return result;
     }

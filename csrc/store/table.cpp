@@ -688,6 +688,18 @@ TableStats Table::stats() const {
   // Held while the sub-shards are counted: a request under a policy evicts in one sub-shard and
   // admits in another, and a count between the two would see the budget exceeded.
   std::lock_guard<std::mutex> policy_lock(policy_mutex_);
+  return stats_locked();
+}
+
+uint64_t Table::memory_bytes() const {
+  std::unique_lock<std::mutex> policy_lock(policy_mutex_, std::try_to_lock);
+  // Held by a view (a checkpoint's whole file write) or a policed request: the last count stands.
+  // A view adds no rows, and a request's growth is the caller's to reserve.
+  if (!policy_lock.owns_lock()) return last_bytes_.load(std::memory_order_relaxed);
+  return stats_locked().bytes;
+}
+
+TableStats Table::stats_locked() const {
   PolicyStats policy;
   if (policy_) policy = policy_->stats();
   TableStats stats{num_rows_,
@@ -706,6 +718,7 @@ TableStats Table::stats() const {
   stats.evicted = policy.evicted;
   stats.admitted = policy.admitted;
   stats.pending = policy.pending;
+  last_bytes_.store(stats.bytes, std::memory_order_relaxed);
   return stats;
 }
 
@@ -781,6 +794,16 @@ void Table::set_init(const InitRule& rule) {
   for (Shard& shard : shards_) dropped.push_back(std::move(shard.rows));
   reindex_all_rows();
   init_ = rule;
+}
+
+void Table::reset(const InitRule& rule, const OptimizerConfig& optimizer) {
+  set_policy(TablePolicyConfig{});
+  set_init(rule);
+  set_optimizer(optimizer);
+  set_optimizer_step(0);
+  reads_.store(0, std::memory_order_relaxed);
+  writes_.store(0, std::memory_order_relaxed);
+  updates_.store(0, std::memory_order_relaxed);
 }
 
 void Table::check_record_floats(uint64_t state_floats) const {
@@ -995,11 +1018,21 @@ void Table::apply_gradients(const uint64_t* ids, size_t n, const G* const* grads
   require_optimizer(id_, optimizer_.kind);
   const size_t threads = threads_for(n, kUpdateIdsPerThread);
   if (!gradients_checked) check_gradients(ids, n, grads, values, value_count, threads);
-  const CoalescedGradients<G> coalesced(ids, n, grads, dtype_, elements_, threads);
+  apply_coalesced(coalesce_or_refuse(ids, n, grads, threads), threads);
+}
+
+template <class G>
+CoalescedGradients<G> Table::coalesce_or_refuse(const uint64_t* ids, size_t n, const G* const* grads,
+                                                size_t threads) const {
+  CoalescedGradients<G> coalesced(ids, n, grads, dtype_, elements_, threads);
   if (const auto overflow = coalesced.first_overflow()) {
     refuse_overflowing_sum(overflow->row_id, overflow->column, "table " + std::to_string(id_));
   }
+  return coalesced;
+}
 
+template <class G>
+void Table::apply_coalesced(const CoalescedGradients<G>& coalesced, size_t threads) {
   const uint64_t step = step_.fetch_add(1) + 1;
   const RowUpdate rule(optimizer_, step, elements_);
   run_tasks(kNumShards, threads, [&](size_t s) { apply_update<G>(shards_[s], coalesced.rows(s), rule); });
@@ -1014,18 +1047,26 @@ void Table::apply_gradients_with_policy(const uint64_t* ids, size_t n, const G* 
     apply_gradients<G>(ids, n, grads, values, value_count);
     return;
   }
+  // Everything apply_gradients refuses (no optimizer, a non-finite gradient, a sum that overflows) is
+  // refused before the policy counts a touch, evicts a row or admits one: a refused update changes
+  // nothing.
+  const size_t threads = threads_for(n, kUpdateIdsPerThread);
+  std::optional<CoalescedGradients<G>> coalesced;
   {
-    // What apply_gradients refuses must be refused before the policy records the touches.
     std::shared_lock<std::shared_mutex> request(request_mutex_);
     require_optimizer(id_, optimizer_.kind);
-    check_gradients(ids, n, grads, values, value_count, threads_for(n, kUpdateIdsPerThread));
+    check_gradients(ids, n, grads, values, value_count, threads);
+    coalesced.emplace(coalesce_or_refuse(ids, n, grads, threads));
   }
   decide(pass, ids, n, Touch::Update);
   if (pass.decision->all_stored) {
-    apply_gradients<G>(ids, n, grads, values, value_count, /*gradients_checked=*/true);
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    require_optimizer(id_, optimizer_.kind);
+    apply_coalesced(*coalesced, threads);
     return;
   }
-  // Rows pending admission keep their init value: their gradients are dropped.
+  // Rows pending admission keep their init value: their gradients are dropped (a row's sum is the
+  // same in the subset, so it cannot overflow there).
   std::vector<uint64_t> stored_ids;
   std::vector<const G*> stored_grads;
   for (size_t i = 0; i < n; ++i) {
@@ -1239,6 +1280,11 @@ std::vector<uint64_t> Table::materialized_ids() const {
   }
   std::sort(ids.begin(), ids.end());
   return ids;
+}
+
+void Table::check_update_fits(const uint64_t* ids, size_t n) const {
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (policy_) policy_->check_update_fits(ids, n, held_rows());
 }
 
 void Table::set_policy(const TablePolicyConfig& config) {

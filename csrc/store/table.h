@@ -189,6 +189,11 @@ class Table {
   // memory freed, not to num_rows.
   void set_init(const InitRule& rule);
 
+  // The table as if just created under its id (a declaration's reset=True of the same shape and
+  // dtype): every row dropped, the policy removed, the counters zeroed, `rule` and `optimizer`
+  // installed with step 0, so that a reset in place leaves what a reset that replaces the table does.
+  void reset(const InitRule& rule, const OptimizerConfig& optimizer);
+
   // out: n * dim floats. Materializes the rows that are not.
   void gather(const uint64_t* ids, size_t n, float* out);
 
@@ -223,6 +228,10 @@ class Table {
   void erase(const uint64_t* ids, size_t n);
 
   TableStats stats() const;
+  // stats().bytes, without waiting: while another holds the table's policy lock (a checkpoint
+  // writing it, a request under its policy), the bytes of the last count. For memory limits, which
+  // must not stall every request behind one table's checkpoint.
+  uint64_t memory_bytes() const;
   // The bytes of the direct index (0 while the table has none); also counted by stats().bytes.
   size_t direct_index_bytes() const;
 
@@ -232,6 +241,9 @@ class Table {
   // over the new budget, evicted down to it at once; without evict that is StoreError(Full) and the
   // policy stays as it was. Changing the policy keeps the rows' touch metadata.
   void set_policy(const TablePolicyConfig& config);
+  // Throws, changing nothing, if an update of these rows could be refused by the policy whatever
+  // happens before it (TablePolicy::check_update_fits).
+  void check_update_fits(const uint64_t* ids, size_t n) const;
   TablePolicyConfig policy() const;
   // The rows' touch metadata and the policy's clocks and sketch, consistent with the rows, for
   // checkpoints; restore_policy_state installs them after the rows (nullopt if there is no policy).
@@ -394,6 +406,7 @@ class Table {
   // After the rows were replaced wholesale, under every sub-shard's write lock: recounts them and
   // rebuilds the direct index for them, or drops it.
   void reindex_all_rows() const;
+  TableStats stats_locked() const;  // stats() under policy_mutex_
   // check_gradients throws unless every gradient is finite (naming the first bad one in batch order);
   // apply_update applies one sub-shard's coalesced gradients under its lock.
   // apply_gradients: update's core, for n ids with their gradient rows; every row's elements are among
@@ -402,6 +415,12 @@ class Table {
   template <class G>
   void apply_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                        bool gradients_checked = false);
+  // The gradients summed per row, or the refusal of a sum that overflows; apply_coalesced takes one
+  // optimizer step with them (request_mutex_ held shared by the caller).
+  template <class G>
+  CoalescedGradients<G> coalesce_or_refuse(const uint64_t* ids, size_t n, const G* const* grads, size_t threads) const;
+  template <class G>
+  void apply_coalesced(const CoalescedGradients<G>& coalesced, size_t threads);
   template <class G>
   void check_gradients(const uint64_t* ids, size_t n, const G* const* grads, const G* values, size_t value_count,
                        size_t threads) const;
@@ -456,6 +475,7 @@ class Table {
   std::shared_mutex unpoliced_mutex_;  // see the header comment
   std::unique_ptr<TablePolicy> policy_;  // under policy_mutex_; null without a policy
   std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
+  mutable std::atomic<uint64_t> last_bytes_{0};  // stats().bytes when last counted (memory_bytes)
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> updates_{0};

@@ -329,6 +329,33 @@ void TablePolicy::remove(uint64_t id) {
   rows_.erase(id);  // its log entry, if any, is stale from now on
 }
 
+void TablePolicy::check_update_fits(const uint64_t* ids, size_t n, const HeldRows& held) const {
+  const uint64_t budget = row_budget();
+  if (budget == kNoBudget) return;
+  std::vector<uint64_t> distinct(ids, ids + n);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  // Every distinct row may be stored by then (rows pending admission may have been admitted).
+  if (distinct.size() > budget) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "an update touching " + std::to_string(distinct.size()) + " distinct rows cannot fit the budget of " +
+                         std::to_string(budget) + " rows (" + describe(config_) +
+                         "): split the batch, or raise max_rows / max_bytes; nothing was applied");
+  }
+  if (config_.evict != EvictKind::None) return;
+  std::vector<uint8_t> resident(distinct.size());
+  held.contains(distinct.data(), distinct.size(), resident.data());
+  const uint64_t new_rows = uint64_t(std::count(resident.begin(), resident.end(), uint8_t{0}));
+  const uint64_t rows_held = held.count();
+  if (rows_held + new_rows > budget) {
+    throw StoreError(ErrorCode::Full, "the update would materialize up to " + std::to_string(new_rows) +
+                                          " rows beyond the " + std::to_string(rows_held) + " held, past the budget of " +
+                                          std::to_string(budget) + " rows (" + describe(config_) +
+                                          "), and the table has no evict policy: set evict='lru', 'lfu' or 'ttl', or "
+                                          "raise the budget; nothing was applied");
+  }
+}
+
 PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now,
                                   const HeldRows& held) {
   const uint64_t saved_step = step_;

@@ -161,6 +161,11 @@ class TablePolicy {
   // Records one request's touches and decides it (see PolicyDecision). Throws StoreError with
   // nothing changed when the request cannot be served within the budget. now: steady-clock seconds.
   PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
+  // Throws what apply would throw for an update of these rows (nothing changes either way), judged
+  // so that it holds whatever other requests do before that update: more distinct rows than the
+  // budget; without evict, more new rows than the budget leaves beside the rows held now. A
+  // synchronous step checks this when staged, so that no shard refuses it after another applied it.
+  void check_update_fits(const uint64_t* ids, size_t n, const HeldRows& held) const;
   // Rows materialized outside a request (the rows a table held when the policy was set, or that a
   // checkpoint installed), touched in the given order; nothing without touch metadata.
   void adopt(const std::vector<uint64_t>& ids, double now);

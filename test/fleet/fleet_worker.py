@@ -140,6 +140,24 @@ def sync_in_backward(out: dict) -> None:
                                for kind in SYNC_KINDS}
 
 
+def sync_replicas_with_policy(out: dict) -> None:
+    """Embedded replicas with a budget policy would evict by each rank's own lookups and drift apart:
+    sync=True refuses such a table, and a policy is refused on a table already trained that way."""
+    budgeted = ops.init_embedding_table("sync.policy.a", 1000, 4, init=torch_recdev.Zero(), reset=True,
+                                        max_rows=4, evict="lru").requires_grad_(True)
+    try:
+        torch_recdev.optim.SGD([budgeted], lr=0.1, sync=True)
+    except ValueError as error:
+        out["sync_of_policy_error"] = str(error)
+    plain = ops.init_embedding_table("sync.policy.b", 1000, 4, init=torch_recdev.Zero(), reset=True).requires_grad_(True)
+    torch_recdev.optim.SGD([plain], lr=0.1, sync=True)
+    try:
+        torch_recdev.set_table_policy(plain, max_rows=4, evict="lru")
+    except ValueError as error:
+        out["policy_of_sync_error"] = str(error)
+    out["policy_after_refusal"] = torch_recdev.table_policy(plain)
+
+
 def sync_killed(out: dict) -> None:
     """Step 1 on both ranks, then rank 1 dies; rank 0's step 2 must fail naming it, both for an
     optimizer stepped by hand and for apply_optimizer_in_backward's (which fails in backward)."""

@@ -69,7 +69,8 @@ def test_checkpoint_saved_by_rank_0_is_resumed_by_every_rank(fleet):
 @pytest.fixture(scope="module")
 def embedded_fleet(tmp_path_factory):
     """Two ranks on their own embedded stores: synchronous replicas, then a rank killed mid-job."""
-    return run_fleet("sync_reference,sync_in_backward,sync_killed", tmp_path_factory.mktemp("embedded_fleet"))
+    return run_fleet("sync_reference,sync_in_backward,sync_replicas_with_policy,sync_killed",
+                     tmp_path_factory.mktemp("embedded_fleet"))
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +115,10 @@ def test_a_killed_rank_in_sync_mode_is_named_and_nothing_is_half_applied(where, 
         assert "synchronous step 2 (rank 0): " in error and f"rank 1 of 2 {said} (dead or hung)" in error, error
         assert torch.equal(survivor[prefix + "after_failed_step"], survivor[prefix + "after_step_1"])
         assert survivor[prefix + "after_step_1"].tolist() == both_steps
+
+
+def test_embedded_sync_replicas_refuse_a_budget_policy_either_way(embedded_fleet):
+    for rank in embedded_fleet:
+        assert "identical replica" in rank["sync_of_policy_error"]
+        assert "recdev-server shards" in rank["policy_of_sync_error"]
+        assert rank["policy_after_refusal"]["max_rows"] is None

@@ -54,7 +54,7 @@ MESSAGES = {
     "CREATE_TABLE": CONFIG + [("has_init_stream", "bool", 1), ("init_stream", "u64", 5), ("route_key", "u64", 7)],
     "OPEN_NAMED": [("name", "string", "fuzz.named")] + CONFIG + [("declares_init", "bool", 1),
                                                                  ("has_optimizer", "bool", 1)]
-                  + OPTIMIZER + [("reset", "bool", 0)],
+                  + OPTIMIZER + [("reset", "bool", 0), ("declares_rounding", "bool", 0)],
     "FIND": [("name", "string", "fuzz.named")],
     "FREE_TABLE": [TABLE],
     "LIST": [],

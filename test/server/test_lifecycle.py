@@ -127,6 +127,15 @@ def test_periodic_checkpoints(start_server, tmp_path):
         assert name == "life.periodic" and c.exists(table_id, np.arange(50)).all()
 
 
+def test_checkpoint_every_below_a_second_is_kept(start_server, tmp_path):
+    # The housekeeping loop woke once a second (a quarter of the 60 s lease, capped at 1 s), so
+    # --checkpoint-every 0.2 checkpointed about once a second.
+    server = start_server("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.2")
+    time.sleep(3)
+    written = server.log().count(" written: ")
+    assert written >= 8, f"{written} checkpoints in 3 s at --checkpoint-every 0.2:\n{server.log()}"
+
+
 def test_max_memory_gives_store_full(start_server):
     limit = 4 << 20
     server = start_server("--max-memory", "4M")

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 7
+VERSION = 8
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -104,9 +104,10 @@ def optimizer(kind="none", **params):
                                            "beta1", "beta2")) + u8(values["stochastic_rounding"]) + u64(values["rounding_seed"])
 
 
-def declaration(declares_init=False, fused=None, reset=False):
-    """OPEN_NAMED's fields after the TableConfig: what the declaration compares, and reset."""
-    return u8(declares_init) + u8(fused is not None) + (fused or optimizer()) + u8(reset)
+def declaration(declares_init=False, fused=None, reset=False, declares_rounding=False):
+    """OPEN_NAMED's fields after the TableConfig: what the declaration compares, reset, and whether
+    the optimizer names its rounding."""
+    return u8(declares_init) + u8(fused is not None) + (fused or optimizer()) + u8(reset) + u8(declares_rounding)
 
 
 def table_ref(table, dtype="float32"):

@@ -97,9 +97,23 @@ def test_a_file_without_policy_leaves_the_tables_policy(store_mod, tmp_path, rng
     assert budgeted.stats().rows == 10
 
 
-def as_format_3(data):
-    """A format-4 file of tables without a policy as format 3 wrote it: no policy blocks."""
+def as_format_4(data):
+    """A format-5 file of one table without stochastic rounding as format 4 wrote it: no rounding_seed
+    after beta2 (the optimizer flags, reserved then, are 0 already)."""
     body = bytearray(data[:-4])
+    assert body[8:12] == (5).to_bytes(4, "little")
+    body[8:12] = (4).to_bytes(4, "little")
+    name_length = int.from_bytes(body[16:20], "little")
+    # magic, version, table_count; then name_length, name, and 120 bytes of config, init and optimizer.
+    seed_at = 16 + 4 + name_length + 120
+    assert body[seed_at - 60 : seed_at - 56] == bytes(4) and body[seed_at : seed_at + 8] == bytes(8)
+    del body[seed_at : seed_at + 8]
+    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
+
+
+def as_format_3(data):
+    """A format-5 file of tables without a policy as format 3 wrote it: no policy blocks."""
+    body = bytearray(as_format_4(data)[:-4])
     assert body[8:12] == (4).to_bytes(4, "little")
     body[8:12] = (3).to_bytes(4, "little")
     # One table: its policy block (u64 0) is the last 8 bytes before the checksum.
@@ -112,12 +126,39 @@ def test_format_3_files_still_load(store_mod, tmp_path):
     _, plain = make_table(store_mod)
     ids = np.arange(0, 40, 3, dtype=np.uint64)
     plain.update(ids, np.ones((len(ids), DIM), np.float32))
-    store_mod.save_table(tmp_path / "v4.ckpt", plain)
-    (tmp_path / "v3.ckpt").write_bytes(as_format_3((tmp_path / "v4.ckpt").read_bytes()))
+    store_mod.save_table(tmp_path / "v5.ckpt", plain)
+    (tmp_path / "v3.ckpt").write_bytes(as_format_3((tmp_path / "v5.ckpt").read_bytes()))
     _, loaded = make_table(store_mod, max_rows=100, evict="lru")
     store_mod.load_table(tmp_path / "v3.ckpt", loaded)
     np.testing.assert_array_equal(loaded.gather(ids), plain.gather(ids))
     assert loaded.policy["max_rows"] == 100
+
+
+def test_format_4_files_still_load(store_mod, tmp_path):
+    _, plain = make_table(store_mod, max_rows=100, evict="lru")
+    ids = np.arange(0, 40, 3, dtype=np.uint64)
+    plain.update(ids, np.ones((len(ids), DIM), np.float32))
+    store_mod.save_table(tmp_path / "v5.ckpt", plain)
+    (tmp_path / "v4.ckpt").write_bytes(as_format_4((tmp_path / "v5.ckpt").read_bytes()))
+    _, loaded = make_table(store_mod)
+    store_mod.load_table(tmp_path / "v4.ckpt", loaded)
+    np.testing.assert_array_equal(loaded.gather(ids), plain.gather(ids))
+    assert loaded.policy["max_rows"] == 100
+
+
+def test_unknown_optimizer_flags_are_refused(store_mod, tmp_path):
+    _, plain = make_table(store_mod)
+    store_mod.save_table(tmp_path / "t.ckpt", plain)
+    data = bytearray((tmp_path / "t.ckpt").read_bytes())
+    name_length = int.from_bytes(data[16:20], "little")
+    flags_at = 16 + 4 + name_length + 60  # after the config, init rule, init stream and optimizer kind
+    data[flags_at : flags_at + 4] = (2).to_bytes(4, "little")
+    data[-4:] = zlib.crc32(bytes(data[:-4])).to_bytes(4, "little")
+    (tmp_path / "bad.ckpt").write_bytes(bytes(data))
+    _, target = make_table(store_mod)
+    with pytest.raises(Exception, match="unknown optimizer flags 2"):
+        store_mod.load_table(tmp_path / "bad.ckpt", target)
+    assert target.stats().rows == 0
 
 
 def test_a_damaged_policy_block_is_refused_with_nothing_loaded(store_mod, tmp_path, rng):

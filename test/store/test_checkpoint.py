@@ -68,15 +68,17 @@ def test_file_layout_and_checksum(store_mod, tmp_path):
     store_mod.save_table(path, table, "t")
     data = path.read_bytes()
     assert data[:8] == b"RECDEVTB"
-    assert struct.unpack_from("<II", data, 8) == (4, 1)  # version, table count
+    assert struct.unpack_from("<II", data, 8) == (5, 1)  # version, table count
     assert struct.unpack_from("<I", data, 16) == (1,) and data[20:21] == b"t"  # name
-    assert len(data) == 16 + (4 + 1 + 136) + (8 + 3 * 4) + 8 + 4
-    # After the init stream: the optimizer (None, its defaults) and its step, then the row count.
-    kind, reserved, *params, step, row_count = struct.unpack_from("<II7dQQ", data, 16 + 5 + 56)
-    assert (kind, reserved, params, step, row_count) == (0, 0, [0.01, 0, 1e-10, 0, 0, 0.9, 0.999], 0, 1)
-    row_id, *row = struct.unpack_from("<Q3f", data, 16 + 141)
+    assert len(data) == 16 + (4 + 1 + 144) + (8 + 3 * 4) + 8 + 4
+    # After the init stream: the optimizer (None, no flags, its defaults, no rounding seed) and its
+    # step, then the row count.
+    kind, flags, *params, rounding_seed, step, row_count = struct.unpack_from("<II7dQQQ", data, 16 + 5 + 56)
+    assert (kind, flags, params, rounding_seed, step, row_count) == (
+        0, 0, [0.01, 0, 1e-10, 0, 0, 0.9, 0.999], 0, 0, 1)
+    row_id, *row = struct.unpack_from("<Q3f", data, 16 + 149)
     assert (row_id, row) == (42, [1.0, 2.0, 3.0])
-    assert struct.unpack_from("<Q", data, 16 + 141 + 20) == (0,)  # policy block: none
+    assert struct.unpack_from("<Q", data, 16 + 149 + 20) == (0,)  # policy block: none
     assert struct.unpack("<I", data[-4:]) == (zlib.crc32(data[:-4]),)
 
 
@@ -125,12 +127,12 @@ def test_bad_magic_and_version_are_named(store_mod, tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"NOTACKPT" + good[8:])
     refused_load(store_mod, bad, destination, "bad magic")
-    bad.write_bytes(good[:8] + struct.pack("<I", 5) + good[12:])
-    refused_load(store_mod, bad, destination, "unsupported format version 5; this build reads versions 2 to 4")
+    bad.write_bytes(good[:8] + struct.pack("<I", 6) + good[12:])
+    refused_load(store_mod, bad, destination, "unsupported format version 6; this build reads versions 2 to 5")
     # Version 1 (before optimizers) is refused as such, even with a valid checksum.
     old = good[:8] + struct.pack("<I", 1) + good[12:-4]
     bad.write_bytes(old + struct.pack("<I", zlib.crc32(old)))
-    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads versions 2 to 4")
+    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads versions 2 to 5")
 
 
 @pytest.mark.parametrize("shape", [dict(num_rows=1001), dict(dim=7)], ids=str)
@@ -218,7 +220,7 @@ def test_empty_table_round_trip(store_mod, tmp_path):
     source = make_store_table(store_mod, num_rows=10**12, init=store_mod.InitRule.uniform(-1, 1, seed=3))
     path = tmp_path / "empty.ckpt"
     store_mod.save_table(path, source)
-    assert path.stat().st_size == 16 + 140 + 8 + 4  # cost follows rows touched, not num_rows
+    assert path.stat().st_size == 16 + 148 + 8 + 4  # cost follows rows touched, not num_rows
     destination = make_store_table(store_mod, num_rows=10**12)
     destination.write(np.array([5], np.uint64), np.ones((1, 6), np.float32))
     store_mod.load_table(path, destination)

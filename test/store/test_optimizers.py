@@ -629,21 +629,25 @@ def patched(data, offset, fmt, *values):
 # Offsets in a table file whose table name is empty: the section starts at 16.
 STATE_FLOATS_OFFSET = 16 + 4 + 12
 OPTIMIZER_OFFSET = 16 + 4 + 56
-STEP_OFFSET = OPTIMIZER_OFFSET + 8 + 7 * 8
+ROUNDING_SEED_OFFSET = OPTIMIZER_OFFSET + 8 + 7 * 8
+STEP_OFFSET = ROUNDING_SEED_OFFSET + 8
 
 
 @pytest.mark.parametrize(
     "patch, match",
     [
         ((OPTIMIZER_OFFSET, "<I", 9), "invalid optimizer.*unknown optimizer kind 9"),
-        ((OPTIMIZER_OFFSET + 4, "<I", 1), "non-zero reserved field"),
+        ((OPTIMIZER_OFFSET + 4, "<I", 2), "unknown optimizer flags 2"),
+        ((OPTIMIZER_OFFSET + 4, "<I", 1), "stochastic rounding on the float32 rows"),
+        ((ROUNDING_SEED_OFFSET, "<Q", 7), "rounding_seed is used with stochastic_rounding only"),
         ((OPTIMIZER_OFFSET + 8, "<d", -1.0), r"invalid optimizer.*lr must be finite and >= 0"),
         ((OPTIMIZER_OFFSET + 8 + 5 * 8, "<d", 1.5), r"invalid optimizer.*beta1 must be in \[0, 1\)"),
         ((OPTIMIZER_OFFSET + 8 + 1 * 8, "<d", 0.5), r"Adam does not use weight_decay"),
         ((STATE_FLOATS_OFFSET, "<I", DIM), f"has {DIM} state floats per row.*keeps {2 * DIM}"),
         ((OPTIMIZER_OFFSET, "<I", 2), f"has {2 * DIM} state floats per row.*Adagrad.*keeps {DIM}"),
     ],
-    ids=["unknown kind", "reserved", "lr", "beta1", "unused weight_decay", "state width", "kind vs width"],
+    ids=["unknown kind", "unknown flags", "rounding of float32", "rounding seed alone", "lr", "beta1",
+         "unused weight_decay", "state width", "kind vs width"],
 )
 def test_damaged_optimizer_fields_are_refused(store_mod, tmp_path, patch, match):
     source = new_table(store_mod, store_mod.OptimizerConfig.adam(lr=0.1))
