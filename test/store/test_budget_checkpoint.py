@@ -146,6 +146,18 @@ def test_format_4_files_still_load(store_mod, tmp_path):
     assert loaded.policy["max_rows"] == 100
 
 
+def refused_with_nothing_loaded(store_mod, tmp_path, data, match):
+    """Loads `data` with its checksum fixed (so that only the field checks can refuse it): refused with
+    `match`, and the destination keeps no row of it. Returns the destination."""
+    data[-4:] = zlib.crc32(bytes(data[:-4])).to_bytes(4, "little")
+    (tmp_path / "bad.ckpt").write_bytes(bytes(data))
+    _, target = make_table(store_mod)
+    with pytest.raises(Exception, match=match):
+        store_mod.load_table(tmp_path / "bad.ckpt", target)
+    assert target.stats().rows == 0
+    return target
+
+
 def test_unknown_optimizer_flags_are_refused(store_mod, tmp_path):
     _, plain = make_table(store_mod)
     store_mod.save_table(tmp_path / "t.ckpt", plain)
@@ -153,12 +165,7 @@ def test_unknown_optimizer_flags_are_refused(store_mod, tmp_path):
     name_length = int.from_bytes(data[16:20], "little")
     flags_at = 16 + 4 + name_length + 60  # after the config, init rule, init stream and optimizer kind
     data[flags_at : flags_at + 4] = (2).to_bytes(4, "little")
-    data[-4:] = zlib.crc32(bytes(data[:-4])).to_bytes(4, "little")
-    (tmp_path / "bad.ckpt").write_bytes(bytes(data))
-    _, target = make_table(store_mod)
-    with pytest.raises(Exception, match="unknown optimizer flags 2"):
-        store_mod.load_table(tmp_path / "bad.ckpt", target)
-    assert target.stats().rows == 0
+    refused_with_nothing_loaded(store_mod, tmp_path, data, "unknown optimizer flags 2")
 
 
 def test_a_damaged_policy_block_is_refused_with_nothing_loaded(store_mod, tmp_path, rng):
@@ -172,10 +179,6 @@ def test_a_damaged_policy_block_is_refused_with_nothing_loaded(store_mod, tmp_pa
     block_start = len(data) - 4 - (112 + 8 + 40 * rows)
     assert data[block_start - 8 : block_start + 8] == (120 + 40 * rows).to_bytes(8, "little") + (20).to_bytes(8, "little")
     data[block_start : block_start + 8] = bytes(8)
-    data[-4:] = zlib.crc32(bytes(data[:-4])).to_bytes(4, "little")
-    (tmp_path / "bad.ckpt").write_bytes(bytes(data))
-    _, target = make_table(store_mod)
-    with pytest.raises(Exception, match="bad policy block in table #0: .*evict=.lru. needs a budget"):
-        store_mod.load_table(tmp_path / "bad.ckpt", target)
-    assert target.stats().rows == 0
+    target = refused_with_nothing_loaded(store_mod, tmp_path, data,
+                                         "bad policy block in table #0: .*evict=.lru. needs a budget")
     assert target.policy["max_rows"] is None
