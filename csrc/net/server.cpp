@@ -204,8 +204,9 @@ void serve_connection(Socket socket, ShardService& service, std::shared_ptr<Sess
         }
         read_payload(socket, frame, kPayloadTimeout);
         buffers.set(frame.payload.capacity() + service.response_buffer_bytes());
-        payload.reset();  // counted as this connection's buffer from here
+        payload->keep(frame.header.payload_bytes);  // the frame is this connection's buffer from here
         Response response = service.handle(*session, frame);
+        payload.reset();
         open = send_response(socket, response);
         service.recycle(std::move(response.frame));
         if (frame.payload.capacity() > kKeptBufferBytes) std::vector<uint8_t>().swap(frame.payload);

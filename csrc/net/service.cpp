@@ -6,6 +6,7 @@
 
 #include "service_helpers.h"
 #include "store/checkpoint.h"
+#include "store/chunk_pool.h"
 #include "store/errors.h"
 
 namespace recdev::net {
@@ -273,8 +274,14 @@ void ShardService::adopt_named_tables() {
   for (const auto& [name, table] : store_.named_tables()) register_table(table->id(), TableEntry{route_key_of_name(name), 0, name});
 }
 
+// What the shard holds outside its tables and requests: the empty regions of row memory the pool keeps
+// for reuse (store/chunk_pool.h), resident all the same. (Not the unused rest of the regions in use:
+// about one region per chunk size, part of the constant docs/server.md states.)
+static uint64_t pooled_memory_bytes() { return store::cached_chunk_region_bytes(); }
+
 uint64_t ShardService::memory_used() const {
-  uint64_t used = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes() + reserved_bytes_.load();
+  uint64_t used = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes() + reserved_bytes_.load() +
+                  pooled_memory_bytes();
   for (const store::TableInfo& info : store_.list()) {
     try {
       used += store_.table(info.id)->memory_bytes();
@@ -294,7 +301,7 @@ ShardService::Reservation ShardService::reserve(uint64_t growth, const std::func
   if (working <= kUncountedWorkingBytes) working = 0;
   if (growth == 0 && working == 0) return {};  // adds nothing: admitted even to a full shard
   std::lock_guard<std::mutex> lock(reserve_mutex_);
-  const uint64_t used = memory_used();
+  uint64_t used = memory_used();
   const auto admit = [&] {
     reserved_bytes_.fetch_add(growth + working);
     return Reservation(reserved_bytes_, growth + working);
@@ -303,6 +310,12 @@ ShardService::Reservation ShardService::reserve(uint64_t growth, const std::func
   if (precise) {
     growth = precise();
     if (growth == 0 && working == 0) return {};
+    if (used + growth + working <= options_.max_memory) return admit();
+  }
+  if (store::cached_chunk_region_bytes() != 0) {
+    // Regions kept only to be reused: a full shard gives them back before it refuses anything.
+    store::release_cached_chunk_regions();
+    used = memory_used();
     if (used + growth + working <= options_.max_memory) return admit();
   }
   growth += working;
@@ -325,7 +338,7 @@ ShardService::Reservation ShardService::reserve_rows(const store::Table& table, 
         table.exists(ids, n, present.data());
         return uint64_t(std::count(present.begin(), present.end(), uint8_t{0})) * cost;
       },
-      working);
+      working + n * kBatchWorkingBytesPerId);
 }
 
 // ---- Sessions ----
@@ -359,7 +372,7 @@ ServerStats ShardService::stats() {
   ServerStats stats;
   stats.shard = options_.shard;
   stats.num_shards = options_.num_shards;
-  stats.bytes = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes();
+  stats.bytes = staged_bytes_.load() + buffer_bytes_.load() + staged_steps_.bytes() + pooled_memory_bytes();
   for (const store::TableInfo& info : store_.list()) {
     try {
       const std::shared_ptr<store::Table> held = store_.table(info.id);

@@ -81,18 +81,26 @@ class ShardService {
     ~Reservation() {
       if (held_ != nullptr) held_->fetch_sub(bytes_);
     }
+    // Gives back all but `bytes` of it, once the rest is counted elsewhere.
+    void keep(uint64_t bytes) {
+      if (held_ != nullptr && bytes < bytes_) {
+        held_->fetch_sub(bytes_ - bytes);
+        bytes_ = bytes;
+      }
+    }
 
    private:
     std::atomic<uint64_t>* held_ = nullptr;
     uint64_t bytes_ = 0;
   };
-  // --max-memory, before a request's payload is read: the payload's bytes reserved until the
-  // connection's buffer count holds them, or StoreError(Full) if they would pass the limit (the
-  // caller then skips the payload and answers refuse_request: the request is refused whole without
-  // being held). Payloads below a small size are not counted (see reserve), nor those of ERASE, which
-  // is how a full shard is given room.
+  // --max-memory, before a request's payload is read: twice the payload's bytes reserved — the frame,
+  // and the request decoded from it (a copy of its arrays) — or StoreError(Full) if they would pass
+  // the limit (the caller then skips the payload and answers refuse_request: the request is refused
+  // whole without being held). Once the frame is in the connection's buffer count the caller keeps
+  // only the decoded request's half, until the request is answered. Payloads below a small size are
+  // not counted (see reserve), nor those of ERASE, which is how a full shard is given room.
   [[nodiscard]] Reservation admit_payload(const FrameHeader& header) const {
-    return header.opcode == Opcode::Erase ? Reservation() : reserve(0, {}, header.payload_bytes);
+    return header.opcode == Opcode::Erase ? Reservation() : reserve(0, {}, 2 * uint64_t{header.payload_bytes});
   }
   Response refuse_request(const FrameHeader& header, const store::StoreError& error);
 

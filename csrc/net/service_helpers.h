@@ -18,9 +18,14 @@ namespace recdev::net::service_detail {
 using store::ErrorCode;
 using store::StoreError;
 
-// A rough upper bound of what one materialized row costs beyond its record: its id in the arena and
-// its share of the index, whose capacity doubles as it grows.
-constexpr uint64_t kRowOverheadBytes = 32;
+// An upper bound of what one materialized row costs beyond its record: its id in the arena (8 bytes)
+// and its share of the index, whose capacity doubles as it grows: a 16-byte bucket at the lowest load
+// factor, 0.4 (store/row_index.h), is 40 bytes.
+constexpr uint64_t kRowOverheadBytes = 48;
+// What a batch allocates per id while it runs, beyond its request and response: the decoded ids are
+// counted with the payload; this is the store's own lists (store/table.cpp read_rows: the missing ids
+// and their positions, 16 bytes, doubled while a vector grows, and their ShardRoute, 16 more).
+constexpr uint64_t kBatchWorkingBytesPerId = 48;
 // What an empty table holds (its sub-shards and their first index blocks), for the memory limit.
 constexpr uint64_t kNewTableBytes = 64 * 1024;
 // Room left in a response for everything but its bulk arrays.

@@ -2,8 +2,9 @@
 new ids at once to a shard capped at 256 MiB. Each request alone fits, all of them do not. Every
 request used to be checked against what the shard held before any of them materialized, so all were
 accepted: the shard's own count ended at 2.8x the cap and its RSS peaked at 5.7x. Now the requests are
-admitted together against the cap (rows, and the response each builds), a request that would pass it
-is refused whole, and the shard returns a finished request's memory to the system."""
+admitted together against the cap (rows, the response each builds, its payload and the request decoded
+from it, the store's lists per id, the row memory pool's slack), a request that would pass it is
+refused whole, and the shard returns a finished request's memory to the system."""
 
 import threading
 import time
@@ -15,8 +16,9 @@ import wire
 DIM = 8  # 32 MiB of response, about 64 MiB of rows, per request
 IDS = 10**6
 CAP = 256 << 20
-# The resident memory no count sees: the executable, libraries, thread stacks, allocator slack.
-RSS_CONSTANT = 64 << 20
+# The resident memory no count sees: the executable, libraries, thread stacks, small allocations.
+# Measured peaks were 206-292 MiB against the 256 MiB cap; the count before issue 33 reached 1,467.
+RSS_CONSTANT = 96 << 20
 
 
 def _peak_rss(server):
@@ -57,7 +59,7 @@ def test_concurrent_gathers_are_admitted_together_against_the_cap(start_server):
         # A refused request materialized nothing: the rows are exactly the accepted requests'.
         assert stats["rows"] == accepted * IDS
         assert stats["bytes"] <= CAP
-    assert _peak_rss(server) <= 1.25 * CAP + RSS_CONSTANT, f"peak RSS {_peak_rss(server) >> 20} MiB"
+    assert _peak_rss(server) <= CAP + RSS_CONSTANT, f"peak RSS {_peak_rss(server) >> 20} MiB"
 
 
 def test_idle_connections_give_their_request_memory_back(start_server):
