@@ -33,7 +33,8 @@ std::vector<uint8_t> ShardService::stage_update(const Session& session, const Fr
   // The budget is judged on the whole step (every rank's rows), once they are all in.
   staged_steps_.stage(rows.table_id, request.tag, request.rank_rows, request.timeout_ms / 1000.0,
                       std::move(rows.ids), std::move(rows.rows),
-                      [&](const std::vector<uint64_t>& ids) { target.table->check_update_fits(ids.data(), ids.size()); });
+                      [&](const std::vector<uint64_t>& ids) { target.table->check_update_fits(ids.data(), ids.size()); },
+                      session.weak_from_this());
   return reply_empty(frame);
 }
 

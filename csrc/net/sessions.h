@@ -43,7 +43,9 @@ struct DumpSnapshot {
   uint64_t bytes() const { return ids.size() * sizeof(uint64_t) + records.size() * sizeof(float); }
 };
 
-struct Session {
+// Shared by its connections and Sessions; weakly by the synchronous steps it staged parts of
+// (StagedSteps: a step waits for a rank's commit while that rank's session lives).
+struct Session : std::enable_shared_from_this<Session> {
   explicit Session(uint64_t id) : id(id) {}
   const uint64_t id;
 

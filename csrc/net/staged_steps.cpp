@@ -64,7 +64,8 @@ uint64_t StagedSteps::bytes() const {
 }
 
 void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_rows, double timeout_seconds,
-                        std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check) {
+                        std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check,
+                        std::weak_ptr<const Session> stager) {
   const std::string what = describe(table_id, tag);
   if (tag.world == 0 || tag.world > kMaxWorld || tag.rank >= tag.world) {
     throw StoreError(ErrorCode::InvalidArgument, what + ": rank " + std::to_string(tag.rank) + " of " +
@@ -94,6 +95,7 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
     slot->world = tag.world;
     slot->staged.assign(tag.world, false);
     slot->committed.assign(tag.world, false);
+    slot->stagers.resize(tag.world);
     slot->ids.resize(tag.world);
     slot->grads.resize(tag.world);
   }
@@ -108,6 +110,7 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
                      what + ": rank " + std::to_string(tag.rank) + " already sent its part of this step");
   }
   step->staged[tag.rank] = true;
+  step->stagers[tag.rank] = std::move(stager);
   step->ids[tag.rank] = std::move(ids);
   step->grads[tag.rank] = std::move(grads);
   step->bytes += part_bytes;
@@ -224,7 +227,11 @@ void StagedSteps::reap() {
     Step& step = *it->second;
     // A collecting step has a waiting part, whose own timeout ends it; an applying one is in use.
     const bool settled = step.state == State::Ready || step.state == State::Applied || step.state == State::Failed;
-    if (settled && step.deadline <= now) {
+    bool awaited = false;  // a rank that has not committed yet still could
+    for (uint32_t r = 0; r < step.world && step.state != State::Failed; ++r) {
+      awaited = awaited || (!step.committed[r] && !step.stagers[r].expired());
+    }
+    if (settled && step.deadline <= now && !awaited) {
       it = forget(it);
     } else {
       ++it;

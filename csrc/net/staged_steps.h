@@ -10,8 +10,11 @@
 // Everything here is bounded, whatever clients send: staged bytes, the steps' own bookkeeping
 // included, by max_bytes (a part past it is refused with Full); a step's life by its timeout (at
 // most max_seconds): a part whose fleet never completes is dropped when its wait ends, and a ready or
-// applied step not every rank commits (ranks died) is dropped by reap(). At shutdown stop() ends the
-// waits at once.
+// applied step not every rank commits is dropped by reap() once its timeout has passed again and the
+// session of every rank that has not committed has ended (ranks died: their sessions lapse after
+// --lease-seconds). A live rank's commit may come late — queued on its connection behind another
+// table's request, which a checkpoint can hold for seconds — and must still find the step. At
+// shutdown stop() ends the waits at once.
 #pragma once
 
 #include <chrono>
@@ -29,6 +32,8 @@
 #include "protocol.h"
 
 namespace recdev::net {
+
+struct Session;
 
 class StagedSteps {
  public:
@@ -48,13 +53,16 @@ class StagedSteps {
   // parts are then dropped: nothing of it can be applied here), Full past max_bytes, InvalidArgument
   // for a part that contradicts the step's others (world size, a rank sent twice, a step already past),
   // and check's error, to every rank, when the step is complete but check refuses it.
+  // stager: the session the part came from.
   void stage(uint64_t table_id, const StepTag& tag, uint64_t rank_rows, double timeout_seconds,
-             std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check);
+             std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check,
+             std::weak_ptr<const Session> stager);
   // Applies a ready step (the first commit, through `apply`) or returns once it is applied (the
   // others). Throws StoreError(NotFound) for a step that is not ready here (never staged, failed or
   // expired), and the apply's own error to every committing rank when the apply failed.
   void commit(uint64_t table_id, const StepTag& tag, const Apply& apply);
-  // Drops the ready and applied steps past their deadline. Called periodically by the server.
+  // Drops the ready and applied steps past their deadline whose uncommitted ranks' sessions all
+  // ended. Called periodically by the server.
   void reap();
   // At shutdown: fails every step still collecting parts (their waits end now, not at their
   // timeouts, so that the server can stop) and refuses new parts.
@@ -69,6 +77,7 @@ class StagedSteps {
     State state = State::Collecting;
     Clock::time_point deadline;  // when a ready or applied step nobody commits is dropped
     std::vector<bool> staged, committed;
+    std::vector<std::weak_ptr<const Session>> stagers;  // per rank
     std::vector<std::vector<uint64_t>> ids;  // per rank
     std::vector<std::vector<float>> grads;
     uint64_t bytes = 0;

@@ -119,10 +119,13 @@ def test_staged_gradients_are_capped_and_a_step_nobody_commits_is_dropped(capped
             conn.stage_update(table, (9, 1, 0, 1), too_many, grads_for(too_many, 1.0), 20_000)
         assert info.value.name == "Full" and "--max-staged-bytes" in info.value.message
         conn.call("PING")  # the connection goes on
-        # A fleet of one whose step is ready but never committed (its rank died): dropped after its timeout.
-        ids = np.arange(100, dtype=np.uint64)
-        conn.stage_update(table, (9, 2, 0, 1), ids, grads_for(ids, 1.0), 200)
-        for attempt in range(200):  # the housekeeping reaps it within a few ticks of 0.25 s
+    # A fleet of one whose step is ready but never committed: its rank died (its connection closed and
+    # its session lapsed, --lease-seconds 1). Dropped after its timeout.
+    ids = np.arange(100, dtype=np.uint64)
+    with capped.connect() as dead_rank:
+        dead_rank.stage_update(table, (9, 2, 0, 1), ids, grads_for(ids, 1.0), 200)
+    with capped.connect() as conn:
+        for attempt in range(200):  # the lease lapses after 1 s; the housekeeping reaps within 0.25 s
             try:
                 conn.stage_update(table, (9, 3, 0, 1), ids, grads_for(ids, 1.0), 20_000)
                 break
@@ -135,6 +138,20 @@ def test_staged_gradients_are_capped_and_a_step_nobody_commits_is_dropped(capped
             conn.commit_update(table, (9, 2, 0, 1))
         assert dropped.value.name == "NotFound"
         assert conn.exists(table, ids).tolist() == [0] * 100
+
+
+def test_a_ready_step_waits_for_a_late_commit_while_its_rank_lives(capped):
+    """A live rank's commit can come after the step's timeout, queued on its connection behind
+    another table's request (a periodic checkpoint holds a table for seconds): the ready step must
+    still be there, not reaped as if the rank had died."""
+    with capped.connect() as rank0:
+        table = fresh_table(rank0, "staged.late")
+        ids = np.arange(10, dtype=np.uint64)
+        rank0.stage_update(table, (13, 1, 0, 1), ids, grads_for(ids, 1.0), 200)
+        threading.Event().wait(1.5)  # 7 times the timeout, 6 housekeeping ticks
+        rank0.commit_update(table, (13, 1, 0, 1))
+        assert rank0.exists(table, ids).all()
+        assert rank0.info(table)["table"]["optimizer_step"] == 1
 
 
 def test_steps_without_parts_cannot_pile_up(capped):
