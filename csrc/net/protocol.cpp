@@ -40,6 +40,7 @@ constexpr OpcodeName kOpcodeNames[] = {
     {Opcode::SetPolicy, "SET_POLICY"},
     {Opcode::GetPolicyState, "GET_POLICY_STATE"},
     {Opcode::RestorePolicy, "RESTORE_POLICY"},
+    {Opcode::CheckPolicy, "CHECK_POLICY"},
     {Opcode::Dump, "DUMP"},
     {Opcode::BeginLoad, "BEGIN_LOAD"},
     {Opcode::LoadRows, "LOAD_ROWS"},
@@ -571,6 +572,17 @@ void decode(Reader& in, SetPolicyRequest& m) {
 
 void encode(Writer& out, const PolicyStateResponse& m) { out.put_array(m.state); }
 void decode(Reader& in, PolicyStateResponse& m) { m.state = in.get_array<uint8_t>("policy state"); }
+
+void encode(Writer& out, const CheckPolicyRequest& m) {
+  out.put<uint64_t>(m.table_id);
+  out.put<uint8_t>(uint8_t(m.touch));
+  out.put_array(m.ids);
+}
+void decode(Reader& in, CheckPolicyRequest& m) {
+  m.table_id = in.get<uint64_t>("table_id");
+  m.touch = get_enum<store::Touch, uint8_t>(in, "touch", store::Touch::Write);
+  m.ids = in.get_array<uint64_t>("ids");
+}
 
 void encode(Writer& out, const RestorePolicyRequest& m) {
   out.put<uint64_t>(m.table_id);

@@ -36,7 +36,7 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 7: synchronous steps staged on the shards (STAGE_UPDATE, COMMIT_UPDATE).
 // 8: OPEN_NAMED carries declares_rounding (bool, after reset): a declared optimizer that does not
 // name stochastic rounding keeps the table's rounding mode and seed.
-constexpr uint16_t kProtocolVersion = 8;
+constexpr uint16_t kProtocolVersion = 9;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -76,6 +76,7 @@ enum class Opcode : uint8_t {
   SetPolicy = 33,
   GetPolicyState = 34,
   RestorePolicy = 35,
+  CheckPolicy = 36,
   Dump = 40,
   BeginLoad = 41,
   LoadRows = 42,
@@ -311,6 +312,14 @@ struct PolicyStateResponse {
   std::vector<uint8_t> state;
 };
 
+// Would the shard's policy refuse this request now? Answered empty, or with the policy's error; the
+// shard changes nothing either way.
+struct CheckPolicyRequest {
+  uint64_t table_id = 0;
+  store::Touch touch = store::Touch::Lookup;
+  std::vector<uint64_t> ids;
+};
+
 struct RestorePolicyRequest {
   uint64_t table_id = 0;
   std::vector<uint8_t> state;  // store::encode_policy_state, as GET_POLICY_STATE answers
@@ -431,6 +440,7 @@ RECDEV_NET_MESSAGE(SetOptimizerRequest)
 RECDEV_NET_MESSAGE(SetPolicyRequest)
 RECDEV_NET_MESSAGE(PolicyStateResponse)
 RECDEV_NET_MESSAGE(RestorePolicyRequest)
+RECDEV_NET_MESSAGE(CheckPolicyRequest)
 RECDEV_NET_MESSAGE(SetLearningRateRequest)
 RECDEV_NET_MESSAGE(SetStepRequest)
 RECDEV_NET_MESSAGE(StageUpdateRequest)

@@ -7,7 +7,6 @@
 #include <optional>
 #include <random>
 #include <thread>
-#include <unordered_set>
 
 #include "policy_shares.h"
 #include "pooled_partial.h"
@@ -238,7 +237,7 @@ void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode o
 
 void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) {
   check_ids(ids, n);
-  refuse_what_a_share_would(ids, n);
+  check_every_shard(ids, n, store::Touch::Lookup);
   fetch_rows(ids, n, out, Opcode::Gather);
 }
 
@@ -287,30 +286,38 @@ void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
   known_policy_ = config;
 }
 
-void RemoteTable::refuse_what_a_share_would(const uint64_t* ids, size_t n) const {
-  store::TablePolicyConfig policy;
+void RemoteTable::check_every_shard(const uint64_t* ids, size_t n, store::Touch touch) const {
+  const size_t shards = session_->num_shards();
+  if (shards < 2 || n == 0) return;
+  const auto has_budget = [](const store::TablePolicyConfig& policy) {
+    return policy.max_rows != 0 || policy.max_bytes != 0;  // only a budget refuses
+  };
+  bool known;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!known_policy_) return;
-    policy = *known_policy_;
+    if (known_policy_ && !has_budget(*known_policy_)) return;
+    known = known_policy_.has_value();
   }
-  if (policy.evict == store::EvictKind::None || policy.admit_after > 1 || policy.max_rows == 0 || policy.max_bytes != 0) {
-    return;
-  }
-  const uint32_t shards = uint32_t(session_->num_shards());
-  std::vector<std::unordered_set<uint64_t>> distinct(shards);
-  for (size_t i = 0; i < n; ++i) distinct[owner_shard(route_key_, ids[i], shards)].insert(ids[i]);
-  for (uint32_t shard = 0; shard < shards; ++shard) {
-    const store::TablePolicyConfig share = shard_policy(policy, shard, shards, label());
-    if (distinct[shard].size() > share.max_rows) {
-      throw StoreError(ErrorCode::InvalidArgument,
-                       session_->describe(shard) + ": a request touching " + std::to_string(distinct[shard].size()) +
-                           " distinct rows of " + label() + " cannot fit the budget of " +
-                           std::to_string(share.max_rows) + " rows (" + store::describe(share) +
-                           ", its share of the table's): split the batch, or raise max_rows / max_bytes; nothing "
-                           "was applied");
+  const uint32_t first = owner_shard(route_key_, ids[0], uint32_t(shards));
+  size_t i = 1;
+  while (i < n && owner_shard(route_key_, ids[i], uint32_t(shards)) == first) ++i;
+  if (i == n) return;  // one shard decides the whole batch alone
+  // Once per handle that neither set nor read the policy yet: every shard's share.
+  if (!known && !has_budget(policy())) return;
+  const Routed routed = route(ids, n);
+  const size_t per_request = ids_per_request(sizeof(uint64_t));
+  RemoteSession::Lease lease(*session_);
+  std::vector<Call> calls;
+  for (size_t shard = 0; shard < shards; ++shard) {
+    const std::vector<uint64_t>& part = routed.ids[shard];
+    for (size_t begin = 0; begin < part.size(); begin += per_request) {
+      const size_t end = std::min(part.size(), begin + per_request);
+      calls.push_back(make_call(shard, Opcode::CheckPolicy,
+                                CheckPolicyRequest{table_id(lease, shard), touch,
+                                                   std::vector<uint64_t>(part.begin() + begin, part.begin() + end)}));
     }
   }
+  session_->exchange(lease, calls);
 }
 
 std::vector<store::TablePolicyConfig> RemoteTable::shard_policies() const {
@@ -379,7 +386,7 @@ uint32_t RemoteTable::gather_state(const uint64_t* ids, size_t n, std::vector<fl
 
 void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   check_ids(ids, n);
-  refuse_what_a_share_would(ids, n);
+  check_every_shard(ids, n, store::Touch::Write);
   const Routed routed = route(ids, n);
   const size_t per_request = ids_per_request(sizeof(uint64_t) + size_t{dim_} * sizeof(float));
   RemoteSession::Lease lease(*session_);
@@ -503,7 +510,7 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
   // The store's checks, here, so that no shard applies a batch another would refuse.
   store::check_update_gradients(dtype_, uint32_t(uint64_t{dim_} * 4 / store::element_bytes(dtype_)), ids, n, grads_in,
                                 label());
-  refuse_what_a_share_would(ids, n);
+  check_every_shard(ids, n, store::Touch::Update);
   const Routed routed = route(ids, n);
   // Gradients travel as the table's words (its element type), as rows do.
   const auto* grads = static_cast<const float*>(grads_in);
@@ -550,7 +557,7 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
                                 padding_idx};
   store::validate_embedding_bag(bag, num_rows_);
   check_ids(ids, num_ids);
-  refuse_what_a_share_would(ids, num_ids);
+  check_every_shard(ids, num_ids, store::Touch::Lookup);
   const size_t shards = session_->num_shards();
   std::vector<uint32_t> owner(num_ids);
   for (size_t i = 0; i < num_ids; ++i) owner[i] = owner_shard(route_key_, ids[i], uint32_t(shards));

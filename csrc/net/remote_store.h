@@ -133,11 +133,12 @@ class RemoteTable final : public store::TableHandle {
   std::vector<TableInfoResponse> infos() const;  // every shard's, in order
   std::vector<store::TablePolicyConfig> shard_policies() const;  // every shard's share, in order
   // Each shard judges a request against its own share of the budget, so one could refuse a batch
-  // another applies. What a share refuses whatever it holds (a request touching more distinct rows of
-  // a shard than its share, with evict and without admission) is refused here, before any shard is
-  // asked, by the table's policy as this handle last set or read it (a handle that did neither, or a
-  // policy another client changed since, leaves the judgment to the shards: no request is added).
-  void refuse_what_a_share_would(const uint64_t* ids, size_t n) const;
+  // another applies. Under a budget, a batch that reaches several shards is first put to every one of
+  // them (CHECK_POLICY: what the shard's policy would refuse now, nothing changed), and sent only if
+  // none refuses. The policy is the one this handle last set or read (read once, before its first
+  // batch). A policy another client changes later, or another client's requests landing between the
+  // check and the batch, can still make one shard refuse its part after another applied.
+  void check_every_shard(const uint64_t* ids, size_t n, store::Touch touch) const;
 
   const std::shared_ptr<RemoteSession> session_;
   const uint64_t client_id_;

@@ -174,6 +174,13 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
     case Opcode::SetPolicy: return set_policy(session, frame);
     case Opcode::GetPolicyState: return policy_state(session, frame);
     case Opcode::RestorePolicy: return restore_policy(session, frame);
+    case Opcode::CheckPolicy: {
+      const auto request = decode<CheckPolicyRequest>(frame);
+      const Target target = resolve(session, request.table_id);
+      check_rows(target, request.ids.data(), request.ids.size());
+      target.table->check_policy(request.ids.data(), request.ids.size(), request.touch);
+      return reply_empty(frame);
+    }
     case Opcode::StageUpdate: return stage_update(session, frame);
     case Opcode::CommitUpdate: return commit_update(session, frame);
     case Opcode::Dump: return dump(session, frame);

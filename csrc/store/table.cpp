@@ -1287,6 +1287,12 @@ void Table::check_update_fits(const uint64_t* ids, size_t n) const {
   if (policy_) policy_->check_update_fits(ids, n, held_rows());
 }
 
+void Table::check_policy(const uint64_t* ids, size_t n, Touch touch) {
+  check_ids(ids, n);
+  std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (policy_) policy_->check(ids, n, touch, steady_seconds(), held_rows());
+}
+
 void Table::set_policy(const TablePolicyConfig& config) {
   validate_policy(config);
   std::lock_guard<std::mutex> lock(policy_mutex_);

@@ -244,6 +244,9 @@ class Table {
   // Throws, changing nothing, if an update of these rows could be refused by the policy whatever
   // happens before it (TablePolicy::check_update_fits).
   void check_update_fits(const uint64_t* ids, size_t n) const;
+  // Throws, changing nothing, what this request would be refused with by the policy now
+  // (TablePolicy::check).
+  void check_policy(const uint64_t* ids, size_t n, Touch touch);
   TablePolicyConfig policy() const;
   // The rows' touch metadata and the policy's clocks and sketch, consistent with the rows, for
   // checkpoints; restore_policy_state installs them after the rows (nullopt if there is no policy).

@@ -356,65 +356,69 @@ void TablePolicy::check_update_fits(const uint64_t* ids, size_t n, const HeldRow
   }
 }
 
-PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now,
-                                  const HeldRows& held) {
+// A request's decision before anything changes but the sketch (its counts are in sketch_cells) and
+// the step (an update's, already counted): apply carries it out, check undoes it.
+struct TablePolicy::Decided {
+  std::vector<uint64_t> distinct;  // the request's distinct rows in first-occurrence order
+  std::vector<Status> status;      // per distinct row: resident, admitted now, or pending
+  std::vector<Meta*> resident_meta;  // valid until a row is removed
+  std::vector<uint32_t> sketch_cells;
+  uint64_t new_count = 0;
+  uint64_t increments = 0;
+  PolicyDecision decision;  // its `stored` filled in
+};
+
+TablePolicy::Decided TablePolicy::decide(const uint64_t* ids, size_t n, Touch touch_kind, double now,
+                                         const HeldRows& held) {
   const uint64_t saved_step = step_;
   if (touch_kind == Touch::Update) ++step_;  // undone below if the request is refused
-  if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) {
-    last_lookup_.clear();
-    return PolicyDecision{};
-  }
-  last_lookup_.clear();
+  Decided d;
   // The request's distinct rows in first-occurrence order, each resident, admitted now or pending.
   DistinctIds index_of(n);
-  std::vector<uint64_t> distinct;
   std::vector<uint32_t> slot_of(n);
   for (size_t i = 0; i < n; ++i) {
     if (i + kPrefetchAhead < n) index_of.prefetch(ids[i + kPrefetchAhead]);
-    const auto [slot, created] = index_of.insert(ids[i], uint32_t(distinct.size()));
-    if (created) distinct.push_back(ids[i]);
+    const auto [slot, created] = index_of.insert(ids[i], uint32_t(d.distinct.size()));
+    if (created) d.distinct.push_back(ids[i]);
     slot_of[i] = slot;
   }
-  std::vector<Status> status(distinct.size());
+  const std::vector<uint64_t>& distinct = d.distinct;
+  d.status.resize(distinct.size());
   std::vector<uint8_t> held_by_table;  // without touch metadata: which rows the table holds
   if (!keeps_touches()) {
     held_by_table.resize(distinct.size());
     held.contains(distinct.data(), distinct.size(), held_by_table.data());
   }
-  std::vector<uint32_t> sketch_cells;
   uint64_t stored_count = 0;
-  uint64_t new_count = 0;
-  uint64_t increments = 0;
-  std::vector<Meta*> resident_meta(keeps_touches() ? distinct.size() : 0);  // valid until a row is removed
-  for (size_t d = 0; d < distinct.size(); ++d) {
-    if (d + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[d + kPrefetchAhead]);
-    const uint64_t id = distinct[d];
+  d.resident_meta.resize(keeps_touches() ? distinct.size() : 0);
+  for (size_t k = 0; k < distinct.size(); ++k) {
+    if (k + kPrefetchAhead < distinct.size()) rows_.prefetch(distinct[k + kPrefetchAhead]);
+    const uint64_t id = distinct[k];
     Meta* found = keeps_touches() ? rows_.find(id) : nullptr;
     Status s;
-    if (keeps_touches() ? found != nullptr && !expired(*found, now) : held_by_table[d] != 0) {
-      if (keeps_touches()) resident_meta[d] = found;
+    if (keeps_touches() ? found != nullptr && !expired(*found, now) : held_by_table[k] != 0) {
+      if (keeps_touches()) d.resident_meta[k] = found;
       s = Status::Resident;
     } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
       s = Status::Admit;
     } else if (touch_kind == Touch::Lookup) {
-      ++increments;
-      s = sketch_->increment(id, sketch_cells) >= config_.admit_after ? Status::Admit : Status::Pending;
+      ++d.increments;
+      s = sketch_->increment(id, d.sketch_cells) >= config_.admit_after ? Status::Admit : Status::Pending;
     } else {
       s = Status::Pending;
     }
-    status[d] = s;
+    d.status[k] = s;
     stored_count += s != Status::Pending;
-    new_count += s == Status::Admit;
+    d.new_count += s == Status::Admit;
   }
-  PolicyDecision decision;
-  decision.stored.resize(n);
+  d.decision.stored.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    decision.stored[i] = status[slot_of[i]] != Status::Pending;
-    decision.all_stored = decision.all_stored && decision.stored[i];
+    d.decision.stored[i] = d.status[slot_of[i]] != Status::Pending;
+    d.decision.all_stored = d.decision.all_stored && d.decision.stored[i];
   }
   const uint64_t budget = row_budget();
   const auto refuse = [&](ErrorCode code, const std::string& message) {
-    if (sketch_) sketch_->rollback(sketch_cells);
+    if (sketch_) sketch_->rollback(d.sketch_cells);
     step_ = saved_step;
     throw StoreError(code, message + "; nothing was applied");
   };
@@ -425,13 +429,38 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
                "): split the batch, or raise max_rows / max_bytes");
   }
   const uint64_t rows_held = keeps_touches() ? rows_.size() : budget != kNoBudget ? held.count() : 0;
-  if (config_.evict == EvictKind::None && rows_held + new_count > budget) {
-    refuse(ErrorCode::Full, "the request would materialize " + std::to_string(new_count) + " rows beyond the " +
+  if (config_.evict == EvictKind::None && rows_held + d.new_count > budget) {
+    refuse(ErrorCode::Full, "the request would materialize " + std::to_string(d.new_count) + " rows beyond the " +
                                 std::to_string(rows_held) + " held, past the budget of " + std::to_string(budget) +
                                 " rows (" + describe(config_) +
                                 "), and the table has no evict policy: set evict='lru', 'lfu' or 'ttl', or raise "
                                 "the budget");
   }
+  return d;
+}
+
+void TablePolicy::check(const uint64_t* ids, size_t n, Touch touch_kind, double now, const HeldRows& held) {
+  if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) return;
+  const uint64_t saved_step = step_;
+  const Decided d = decide(ids, n, touch_kind, now, held);  // a refusal has undone itself
+  if (sketch_) sketch_->rollback(d.sketch_cells);
+  step_ = saved_step;
+}
+
+PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now,
+                                  const HeldRows& held) {
+  if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) {
+    ++step_;
+    last_lookup_.clear();
+    return PolicyDecision{};
+  }
+  last_lookup_.clear();
+  Decided decided = decide(ids, n, touch_kind, now, held);
+  const std::vector<uint64_t>& distinct = decided.distinct;
+  const std::vector<Status>& status = decided.status;
+  const uint64_t budget = row_budget();
+  const uint64_t new_count = decided.new_count;
+  PolicyDecision decision = std::move(decided.decision);
 
   // From here on nothing throws but bad_alloc.
   // The request's stored rows get their ticks in first-occurrence order. The resident ones are
@@ -444,7 +473,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
     for (size_t d = 0; d < distinct.size(); ++d) {
       if (status[d] == Status::Pending) continue;
       tick_of[d] = ++tick_;
-      if (Meta* meta = resident_meta[d]) {
+      if (Meta* meta = decided.resident_meta[d]) {
         if (uses_keys()) order_.erase(key_of(distinct[d], *meta));
         *meta = Meta{tick_of[d], step_, now, touched_score(meta)};
       }
@@ -483,7 +512,7 @@ PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kin
   trim_log();
   evicted_ += decision.victims.size();
   admitted_ += decision.admitted.size();
-  if (sketch_) sketch_->note_increments(increments);
+  if (sketch_) sketch_->note_increments(decided.increments);
   if (touch_kind == Touch::Lookup && config_.evict == EvictKind::Lru && decision.all_stored) {
     last_lookup_.assign(ids, ids + n);
   }

@@ -161,6 +161,9 @@ class TablePolicy {
   // Records one request's touches and decides it (see PolicyDecision). Throws StoreError with
   // nothing changed when the request cannot be served within the budget. now: steady-clock seconds.
   PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
+  // Throws what apply would throw for this request now, and changes nothing either way: a table split
+  // over shards asks every shard before any applies its part (RemoteTable, CHECK_POLICY).
+  void check(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
   // Throws what apply would throw for an update of these rows (nothing changes either way), judged
   // so that it holds whatever other requests do before that update: more distinct rows than the
   // budget; without evict, more new rows than the budget leaves beside the rows held now. A
@@ -305,6 +308,10 @@ class TablePolicy {
   template <class Fn>
   void walk(Fn fn) const;
   double touched_score(const Meta* old) const;
+  struct Decided;
+  // apply's decision, with nothing changed but the sketch's counts and an update's step (undone if it
+  // throws what apply throws).
+  Decided decide(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
   // Whether ids are those of the last request, a lookup under lru that stored them all (see Touches).
   bool repeats_last_lookup(const uint64_t* ids, size_t n) const;
   bool expired(const Meta& meta, double now) const;

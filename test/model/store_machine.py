@@ -38,6 +38,9 @@ INITS = (("constant", 0.5, 0.0), ("zero", 0.0, 0.0), ("constant", -1.25, 0.0), (
 OPTS = (("sgd", {"lr": 0.5}), ("sgd", {"lr": 0.125, "weight_decay": 0.5}), ("adagrad", {"lr": 0.1}),
         ("rowwise_adagrad", {"lr": 0.1}), ("adam", {"lr": 0.01}), None)
 POLICIES = (None, Policy(2, 1), Policy(2, 1), Policy(3, 1), Policy(None, 2), Policy(2, 2), Policy(4, 3), Policy(None, 4))
+# Budgets of shard_budget: with lru, without evict (refuses when full), with lru and admission.
+SHARD_BUDGETS = {"lru": dict(evict="lru"), "strict": {}, "admission": dict(evict="lru", admit_after=2)}
+
 # On shards each shard evicts against its share of the budget, over the ids it owns (docs/budgets.md),
 # which depends on the routing of ids; the model knows no routing, so remote tables get admission alone.
 REMOTE_POLICIES = (None, Policy(None, 2), Policy(None, 3), Policy(None, 4))
@@ -451,22 +454,30 @@ class StoreMachine(RuleBasedStateMachine):
 
 
     @precondition(lambda self: self.remote)
-    @rule(keys=st.lists(st.integers(0, 7), min_size=1, max_size=6), max_rows=st.integers(2, 4))
-    def shard_budget(self, keys, max_rows):
+    @rule(batches=st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=6), min_size=1, max_size=3),
+          max_rows=st.integers(2, 4), kind=st.sampled_from(sorted(SHARD_BUDGETS)))
+    def shard_budget(self, batches, max_rows, kind):
         """On shards each shard holds its share of a budget, so whether a request fits depends on the
-        routing, which the model does not know; either way the request stores all its rows or none."""
+        routing, which the model does not know; either way a refused request changes no shard (no
+        row, admission or pending count), and an accepted one without admission stores all its rows."""
         name = self.full(f"budget{next(self.counter)}")
-        t = ops.init_embedding_table(name, 8, 2, init=torch_recdev.Constant(0.5), max_rows=max_rows, evict="lru")
+        t = ops.init_embedding_table(name, 8, 2, init=torch_recdev.Constant(0.5), max_rows=max_rows,
+                                     **SHARD_BUDGETS[kind])
         self.aux[name] = (8, 2, "float32")
-        try:
-            ops.emb_read(t, keys_tensor(keys))
-            stored = set(keys)
-        except ValueError:
-            assert len(set(keys)) > 1
-            stored = set()
-        held = ops.emb_exists(t, torch.arange(8)).tolist()
-        assert held == [i in stored for i in range(8)], f"a read of {keys} under max_rows={max_rows} left {held}"
-        assert torch_recdev.table_stats(t)["rows"] == len(stored)
+        for keys in batches:
+            held = ops.emb_exists(t, torch.arange(8)).tolist()
+            stats = torch_recdev.table_stats(t)
+            try:
+                ops.emb_read(t, keys_tensor(keys))
+            except (ValueError, MemoryError):
+                assert len(set(keys)) > 1 or kind == "strict"
+                after = ops.emb_exists(t, torch.arange(8)).tolist()
+                assert after == held, f"a refused read of {keys} ({kind}, max_rows={max_rows}) changed {held} to {after}"
+                assert torch_recdev.table_stats(t) == stats, f"a refused read of {keys} changed the counters"
+                continue
+            if kind != "admission":
+                after = ops.emb_exists(t, torch.arange(8)).tolist()
+                assert all(after[k] for k in keys), f"a read of {keys} ({kind}) left {after}"
 
 
 class RemoteStoreMachine(StoreMachine):

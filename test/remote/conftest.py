@@ -1,10 +1,16 @@
 """Fixtures for the remote-store tests: real recdev-server processes on loopback, stopped by the
 fixture that started them, and the embedded store made current again after each test."""
 
+import os
+import sys
+
 import pytest
 
 from torch_recdev import local_shards
 import torch_recdev
+
+# The routing of docs/protocol.md ("Row ownership"), for tests that pick the rows of one shard.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
 
 
 @pytest.fixture

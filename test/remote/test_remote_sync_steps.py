@@ -4,18 +4,14 @@ staging and commit is named, with the shards that applied the step. The steps ar
 committed here directly (one rank of one: what torch_recdev.sync does per step), so that a restart
 can fall between the two."""
 
-import os
 import signal
-import sys
 
 import pytest
 import torch
 
 import torch_recdev
+import wire  # test/server's, on the path by conftest.py
 from torch_recdev import _C, local_shards, ops
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "server"))
-import wire  # noqa: E402 (the routing of docs/protocol.md, "Row ownership")
 
 DIM = 4
 FLEET = 0x5EED

@@ -77,6 +77,7 @@ MESSAGES = {
     "SET_POLICY": [TABLE] + POLICY,
     "GET_POLICY_STATE": [TABLE],
     "RESTORE_POLICY": [TABLE, ("policy_state", "u8[]", lambda ctx: ctx["policy_state"])],
+    "CHECK_POLICY": [TABLE, ("touch", "u8", 0), IDS],
     "DUMP": [TABLE, ("snapshot_id", "u64", 0), ("max_rows", "u32", 10)],
     "BEGIN_LOAD": [("name", "string", ""), TABLE] + CONFIG + [("init_stream", "u64", 0)] + NO_OPTIMIZER
                   + [("optimizer_step", "u64", 0), ("policy_state", "u8[]", [])],

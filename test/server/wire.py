@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 8
+VERSION = 9
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -18,7 +18,7 @@ OP = {
     "LIST": 14, "GET_TABLE_INFO": 15, "SET_INIT": 16, "GATHER": 20, "PEEK": 21, "GATHER_POOLED_PARTIAL": 22,
     "WRITE": 23, "WRITE_BYTES": 24, "EXISTS": 25, "ERASE": 26, "UPDATE": 27, "GATHER_STATE": 28,
     "SET_OPTIMIZER": 30, "SET_LR": 31, "SET_STEP": 32, "SET_POLICY": 33, "GET_POLICY_STATE": 34,
-    "RESTORE_POLICY": 35, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
+    "RESTORE_POLICY": 35, "CHECK_POLICY": 36, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
     "COMMIT_LOAD": 43, "ABORT_LOAD": 44, "STAGE_UPDATE": 50, "COMMIT_UPDATE": 51,
 }
 ERROR_NAMES = {1: "InvalidArgument", 2: "OutOfRange", 3: "NotFound", 4: "Corrupt", 5: "Io", 6: "Full",
