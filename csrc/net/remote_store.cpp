@@ -287,28 +287,49 @@ void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
 }
 
 void RemoteTable::check_every_shard(const uint64_t* ids, size_t n, store::Touch touch) const {
-  const size_t shards = session_->num_shards();
+  const uint32_t shards = uint32_t(session_->num_shards());
   if (shards < 2 || n == 0) return;
   const auto has_budget = [](const store::TablePolicyConfig& policy) {
     return policy.max_rows != 0 || policy.max_bytes != 0;  // only a budget refuses
   };
-  bool known;
+  std::optional<store::TablePolicyConfig> policy;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (known_policy_ && !has_budget(*known_policy_)) return;
-    known = known_policy_.has_value();
+    policy = known_policy_;
   }
-  const uint32_t first = owner_shard(route_key_, ids[0], uint32_t(shards));
+  if (policy && !has_budget(*policy)) return;
+  const uint32_t first = owner_shard(route_key_, ids[0], shards);
   size_t i = 1;
-  while (i < n && owner_shard(route_key_, ids[i], uint32_t(shards)) == first) ++i;
+  while (i < n && owner_shard(route_key_, ids[i], shards) == first) ++i;
   if (i == n) return;  // one shard decides the whole batch alone
-  // Once per handle that neither set nor read the policy yet: every shard's share.
-  if (!known && !has_budget(policy())) return;
+  if (!policy) policy = this->policy();  // once per handle that neither set nor read it yet
+  if (!has_budget(*policy)) return;
   const Routed routed = route(ids, n);
+  if (policy->evict != store::EvictKind::None && policy->admit_after <= 1 && policy->max_bytes == 0) {
+    // Every distinct row of a batch is then stored, so a share refuses exactly a part with more
+    // distinct rows than its max_rows: judged here, without a request.
+    for (uint32_t shard = 0; shard < shards; ++shard) {
+      std::vector<uint64_t> part = routed.ids[shard];
+      std::sort(part.begin(), part.end());
+      const size_t distinct = size_t(std::unique(part.begin(), part.end()) - part.begin());
+      const store::TablePolicyConfig share = shard_policy(*policy, shard, shards, label());
+      if (distinct > share.max_rows) {
+        throw StoreError(ErrorCode::InvalidArgument,
+                         session_->describe(shard) + ": a request touching " + std::to_string(distinct) +
+                             " distinct rows of " + label() + " cannot fit the budget of " +
+                             std::to_string(share.max_rows) + " rows (" + store::describe(share) +
+                             ", its share of the table's): split the batch, or raise max_rows / max_bytes; "
+                             "nothing was applied");
+      }
+    }
+    return;
+  }
+  // Otherwise what a share refuses depends on what it holds (a budget without evict, admission) or
+  // on its row size (max_bytes): each shard judges its part.
   const size_t per_request = ids_per_request(sizeof(uint64_t));
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  for (size_t shard = 0; shard < shards; ++shard) {
+  for (uint32_t shard = 0; shard < shards; ++shard) {
     const std::vector<uint64_t>& part = routed.ids[shard];
     for (size_t begin = 0; begin < part.size(); begin += per_request) {
       const size_t end = std::min(part.size(), begin + per_request);

@@ -133,11 +133,13 @@ class RemoteTable final : public store::TableHandle {
   std::vector<TableInfoResponse> infos() const;  // every shard's, in order
   std::vector<store::TablePolicyConfig> shard_policies() const;  // every shard's share, in order
   // Each shard judges a request against its own share of the budget, so one could refuse a batch
-  // another applies. Under a budget, a batch that reaches several shards is first put to every one of
-  // them (CHECK_POLICY: what the shard's policy would refuse now, nothing changed), and sent only if
-  // none refuses. The policy is the one this handle last set or read (read once, before its first
-  // batch). A policy another client changes later, or another client's requests landing between the
-  // check and the batch, can still make one shard refuse its part after another applied.
+  // another applies. Under a budget, a batch that reaches several shards is judged first, and sent
+  // only if no share refuses it: here, for an evict budget of rows without admission (a share then
+  // refuses exactly a part with more distinct rows than it holds); otherwise by every shard
+  // (CHECK_POLICY: what its policy would refuse now, nothing changed). The policy is the one this
+  // handle last set or read (read once, before its first batch). A policy another client changes
+  // later, or another client's requests landing between the check and the batch, can still make one
+  // shard refuse its part after another applied.
   void check_every_shard(const uint64_t* ids, size_t n, store::Touch touch) const;
 
   const std::shared_ptr<RemoteSession> session_;
