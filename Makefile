@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.extension-built
 FBGEMM := .venv-fbgemm
-SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h)
+SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/net/*/*.cpp csrc/net/*/*.h)
 # The wheel of torch 2.13.0 (CPU) may lie in a local wheel folder; pip finds it there first.
 PIP    := $(PY) -m pip install --disable-pip-version-check
 

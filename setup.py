@@ -26,7 +26,7 @@ class IncrementalBuildExtension(BuildExtension.with_options(use_ninja=True)):
         build_server()
 
 
-# recdev-server: csrc/store + csrc/net + csrc/server alone: no torch, no Python. Built beside _C and
+# recdev-server: csrc/store, csrc/net/wire, csrc/net/server and csrc/server: no torch, no Python. Built beside _C and
 # installed on PATH (the executable itself, so that `ldd recdev-server` shows what it is).
 SERVER = os.path.join("torch_recdev", "recdev-server")
 SERVER_FLAGS = "-std=c++20 -O2 -g0 -Wall -Werror -Wno-unused-parameter -pthread"
@@ -47,7 +47,9 @@ class CopyNativeScripts(build_scripts):
 
 def server_sources():
     found = []
-    for pattern in ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/server/*.cpp"]:
+    # The client's connection is for `recdev-server --stats ADDRESS`, which asks a running server.
+    for pattern in ["csrc/store/*.cpp", "csrc/net/wire/*.cpp", "csrc/net/server/*.cpp", "csrc/net/client/connection.cpp",
+                    "csrc/server/*.cpp"]:
         found += sorted(glob.glob(pattern, root_dir=ROOT))
     return found
 
@@ -79,7 +81,8 @@ def build_server():
 
 
 def sources():
-    patterns = ["csrc/store/*.cpp", "csrc/net/*.cpp", "csrc/device/*.cpp", "csrc/kernels/*.cpp", "csrc/python/*.cpp"]
+    patterns = ["csrc/store/*.cpp", "csrc/net/wire/*.cpp", "csrc/net/client/*.cpp", "csrc/device/*.cpp",
+                "csrc/kernels/*.cpp", "csrc/python/*.cpp"]
     found = []
     for pattern in patterns:
         found += sorted(glob.glob(pattern, root_dir=ROOT))

@@ -57,10 +57,10 @@ def _run_backward_on_the_calling_thread():
 _run_backward_on_the_calling_thread()
 
 
-from . import compile_support, ops, optim, serialization, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
-from .ops import connect, store_info  # noqa: E402
+from . import compile_support, ops, optim, serialization, stores, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
+from .stores import connect, fleet_store, store_info  # noqa: E402
 from .budgets import set_table_policy, table_policy  # noqa: E402
-from .fleet import fleet_store, share_tables  # noqa: E402
+from .fleet import share_tables  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -73,7 +73,7 @@ from .tables import (  # noqa: E402
 )
 
 
-ops._connect_from_environment()
+stores._connect_from_environment()
 
 
 __all__ = [

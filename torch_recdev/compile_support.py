@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from .traced_lookups import compile_signature
+
 __all__: list[str] = []
 
 _DEVICE = "recdev"
@@ -81,8 +83,6 @@ def _register_inductor(_compile_fx_module) -> None:
         def uuid(self) -> str:
             # Part of every AOTAutograd and FX graph cache key: a cached graph traced for a table
             # must never serve a host weight of the same shape, nor the reverse (traced_lookups).
-            from .traced_lookups import compile_signature
-
             return f"torch_recdev.compile.RunRecdevNodesEagerly.v2:{compile_signature()}"
 
     # CppScheduling never runs for recdev (no recdev node reaches code generation); the wrapper is

@@ -15,14 +15,14 @@ Keys are 1-D int64 or uint64 tensors of row ids; rows are float32
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 from typing import Optional
 
 import torch
 
-from . import _C, budgets, optim
+from . import _C, budgets, optim, pending
 from .init import InitStrategy
+from .stores import connect, fleet_store, store_info  # noqa: F401 (ops.connect, ops.store_info)
 
 __all__ = [
     "init_embedding_table",
@@ -160,8 +160,6 @@ def init_embedding_table(
     fused = None
     if optimizer is not None:
         fused = _optimizer_declaration(optimizer)
-    from .fleet import fleet_store
-
     fleet_store()  # under torchrun, the store rank 0 named
     table = _C._declare_table(name, int(num_embeddings), int(embedding_dim), rule, fused, bool(reset), dtype)
     if policy_keywords is not None:
@@ -236,90 +234,26 @@ def emb_delete(table: torch.Tensor, keys: torch.Tensor) -> None:
     torch.ops.recdev.emb_delete(table, keys)
 
 
-# One worker: asynchronous operations complete in the order they were issued,
-# so a read issued after a write's future completes always sees the write.
-_worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="recdev-async")
-
-
-def _submit(fn, *args) -> torch.futures.Future:
-    future = torch.futures.Future()
-
-    def run():
-        try:
-            future.set_result(fn(*args))
-        except BaseException as error:  # noqa: BLE001 (handed to the waiter)
-            future.set_exception(error)
-
-    _worker.submit(run)
-    return future
-
-
 def emb_prefetch(table: torch.Tensor, keys: torch.Tensor) -> torch.futures.Future:
     """Starts reading rows; returns a ``torch.futures.Future`` of them."""
     keys = keys.clone()
-    return _submit(emb_read, table, keys)
+    return pending.submit(emb_read, table, keys)
 
 
 def emb_write_async(table: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.futures.Future:
     """Starts writing rows; the future completes (with None) when they are written."""
     keys, values = keys.clone(), values.clone()
-    return _submit(emb_write, table, keys, values)
+    return pending.submit(emb_write, table, keys, values)
 
 
 def save(path: str | os.PathLike) -> None:
     """Writes every named table, with its optimizer state, to one checkpoint file (atomically)."""
-    _worker.submit(lambda: None).result()  # pending async writes first
+    pending.wait()  # async writes first
     _C._save_store(os.fspath(path))
 
 
 def load(path: str | os.PathLike) -> list[str]:
     """Restores the named tables of a checkpoint file; returns their names. A corrupt,
     truncated or mismatched file is refused and nothing is loaded."""
-    _worker.submit(lambda: None).result()
+    pending.wait()
     return list(_C._load_store(os.fspath(path)))
-
-
-def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0) -> dict:
-    """Chooses the store that new tables, named tables, ``save`` and ``load`` go to; returns
-    ``store_info()``.
-
-    ``servers`` is ``"tcp://h1:7070,tcp://h2:7071"``: one ``recdev-server`` per shard, listed in
-    shard order (docs/remote.md). ``None`` (or ``"embedded"``) goes back to the in-process store.
-    Under torchrun, rank 0's choice is published to the other ranks (``torch_recdev.fleet``).
-    ``token`` is the servers' ``--token-file`` token; ``timeout`` (seconds) bounds every wait for a
-    server, so a dead one gives a ``ConnectionError`` naming it instead of a hang. Every server is
-    reached now: a bad address, a wrong token or nothing listening fails here. Tables created
-    before keep working with the store they live in."""
-    if servers is not None and not isinstance(servers, str):
-        raise TypeError(f"connect: servers must be a string like 'tcp://host:7070,tcp://host:7071' or None; got {servers!r}")
-    if token is not None and not isinstance(token, str):
-        raise TypeError(f"connect: token must be a string or None; got {type(token).__name__}")
-    timeout = float(timeout)
-    if not timeout > 0:
-        raise ValueError(f"connect: timeout must be a positive number of seconds; got {timeout}")
-    _worker.submit(lambda: None).result()  # pending async operations go to the store they were issued to
-    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout)
-    from .fleet import _published_after_connect
-
-    _published_after_connect()
-    return store_info()
-
-
-def store_info() -> dict:
-    """The current store: ``kind`` ("embedded" or "remote"), ``servers`` (``tcp://`` addresses, in
-    shard order; empty when embedded), ``shards`` (how many), and ``timeout`` (remote only)."""
-    return dict(_C._store_info())
-
-
-def _connect_from_environment() -> None:
-    """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``) makes the remote store current
-    at import; the servers are reached at the store's first use (a table, an ops call,
-    ``store_info()``), so that ``import torch`` opens no socket. An unreachable server is an error
-    there, naming RECDEV_SERVERS."""
-    servers = os.environ.get("RECDEV_SERVERS", "").strip()
-    if not servers:
-        return
-    timeout = float(os.environ.get("RECDEV_TIMEOUT", "30"))
-    if not timeout > 0:
-        raise ValueError(f"RECDEV_TIMEOUT must be a positive number of seconds; got {timeout}")
-    _C._connect_from_environment(servers, os.environ.get("RECDEV_TOKEN", ""), timeout)

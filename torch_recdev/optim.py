@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import torch
 
 from . import _C
+from .sync import SyncTables
 from .tables import is_table
 
 __all__ = ["SGD", "Adagrad", "RowWiseAdagrad", "Adam", "FusedOptimizer", "apply_optimizer_in_backward"]
@@ -86,8 +87,6 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.param_groups = [_TableGroup(g) for g in self.param_groups]
         self._sync = None
         if sync:
-            from .sync import SyncTables
-
             self._sync = SyncTables([p for g in self.param_groups for p in g["params"]], sync_timeout)
 
     def _attach(self, p: torch.Tensor, group: dict) -> None:

@@ -47,6 +47,6 @@ const bool registered = [] {
   c10::SetAllocator(c10::DeviceType::PrivateUse1, &host_allocator());
   return true;
 }();
-} // namespace
+}  // namespace
 
-} // namespace recdev::device
+}  // namespace recdev::device

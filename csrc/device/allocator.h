@@ -15,4 +15,4 @@ class HostAllocator final : public c10::Allocator {
 
 HostAllocator& host_allocator();
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -21,4 +21,4 @@ void CpuAccess::write_back() const {
   }
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -28,4 +28,4 @@ class CpuAccess {
   at::Tensor cpu_;
 };
 
-} // namespace recdev::device
+}  // namespace recdev::device

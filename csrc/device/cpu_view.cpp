@@ -31,7 +31,7 @@ at::Tensor tensor_on(
   return tensor;
 }
 
-} // namespace
+}  // namespace
 
 c10::Storage cpu_storage_of(const c10::Storage& recdev_storage) {
   StorageContext* context = storage_context(recdev_storage.data_ptr());
@@ -113,4 +113,4 @@ void resync_after_cpu_resize(const c10::Storage& recdev_storage) {
   impl->set_nbytes(cpu.nbytes());
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

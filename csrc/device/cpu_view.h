@@ -37,4 +37,4 @@ at::Tensor adopt_result(const at::Tensor& cpu_result);
 // argument). Re-points the recdev storage that owns it at the new bytes.
 void resync_after_cpu_resize(const c10::Storage& recdev_storage);
 
-} // namespace recdev::device
+}  // namespace recdev::device

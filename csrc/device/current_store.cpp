@@ -32,7 +32,7 @@ DeferredConnection& deferred_slot() {
   return *slot;
 }
 
-} // namespace
+}  // namespace
 
 std::shared_ptr<store::StoreClient> embedded_store() {
   static auto* instance = new std::shared_ptr<store::StoreClient>(std::make_shared<store::EmbeddedStoreClient>());
@@ -66,4 +66,4 @@ void connect_on_first_use(std::function<std::shared_ptr<store::StoreClient>()> c
   deferred_slot() = DeferredConnection{std::move(connect), std::move(description)};
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -26,4 +26,4 @@ void connect_on_first_use(std::function<std::shared_ptr<store::StoreClient>()> c
 // The in-process store (one per process, for its whole life).
 std::shared_ptr<store::StoreClient> embedded_store();
 
-} // namespace recdev::device
+}  // namespace recdev::device

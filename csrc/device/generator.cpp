@@ -22,7 +22,7 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-} // namespace
+}  // namespace
 
 RecdevGenerator::RecdevGenerator(c10::DeviceIndex index)
     : c10::GeneratorImpl(
@@ -114,4 +114,4 @@ at::Generator cpu_generator_for_op(const std::optional<at::Generator>& generator
   return at::make_generator<at::CPUGeneratorImpl>(draw_op_seed(generator));
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -48,4 +48,4 @@ uint64_t draw_op_seed(const std::optional<at::Generator>& generator);
 // their own default generator.
 at::Generator cpu_generator_for_op(const std::optional<at::Generator>& generator);
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -60,8 +60,8 @@ struct RecdevGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void synchronizeDevice(const c10::DeviceIndex) const override {}
 };
 
-} // namespace
+}  // namespace
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, RecdevGuardImpl);
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -134,6 +134,6 @@ const bool registered = [] {
   return true;
 }();
 
-} // namespace
+}  // namespace
 
-} // namespace recdev::device
+}  // namespace recdev::device

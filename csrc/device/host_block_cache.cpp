@@ -45,7 +45,7 @@ Cache& cache() {
   return *instance;
 }
 
-} // namespace
+}  // namespace
 
 c10::DataPtr take_cached_block(size_t nbytes) {
   if (nbytes < kMinCachedBlockBytes) {
@@ -93,4 +93,4 @@ size_t cached_host_bytes() {
   return c.bytes;
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -25,4 +25,4 @@ void return_block(c10::DataPtr block, size_t nbytes);
 void empty_host_cache();
 size_t cached_host_bytes();
 
-} // namespace recdev::device
+}  // namespace recdev::device

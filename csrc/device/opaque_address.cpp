@@ -25,7 +25,7 @@ Ranges& ranges() {
   return instance;
 }
 
-} // namespace
+}  // namespace
 
 uintptr_t reserve_opaque_range(uint64_t nbytes) {
   const uint64_t slots = nbytes == 0 ? 1 : ((nbytes - 1) >> kSlotShift) + 1;
@@ -60,4 +60,4 @@ void release_opaque_range(uintptr_t base) {
   r.used.erase((base - kFirst) >> kSlotShift);
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -14,4 +14,4 @@ namespace recdev::device {
 uintptr_t reserve_opaque_range(uint64_t nbytes);
 void release_opaque_range(uintptr_t base);
 
-} // namespace recdev::device
+}  // namespace recdev::device

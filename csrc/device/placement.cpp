@@ -38,7 +38,7 @@ std::atomic<uint64_t>& fallback_limit() {
 
 thread_local PlacementOverride current_override = PlacementOverride::None;
 
-} // namespace
+}  // namespace
 
 uint64_t table_min_bytes() {
   return min_bytes().load();
@@ -89,4 +89,4 @@ uint32_t table_row_bytes(c10::IntArrayRef sizes, c10::ScalarType dtype) {
   return kChunkBytes;
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

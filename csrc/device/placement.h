@@ -32,4 +32,4 @@ bool place_in_table(uint64_t nbytes);
 // gather), otherwise fixed-size chunks of the flat bytes.
 uint32_t table_row_bytes(c10::IntArrayRef sizes, c10::ScalarType dtype);
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -40,4 +40,4 @@ StorageKind storage_kind(const c10::Storage& storage) {
   return context == nullptr ? StorageKind::Host : context->kind;
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

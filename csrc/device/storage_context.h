@@ -48,4 +48,4 @@ c10::DataPtr host_data_ptr(c10::Storage cpu_storage, c10::DeviceIndex index);
 
 StorageKind storage_kind(const c10::Storage& storage);
 
-} // namespace recdev::device
+}  // namespace recdev::device

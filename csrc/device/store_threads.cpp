@@ -27,6 +27,6 @@ const bool installed = [] {
   return true;
 }();
 
-} // namespace
+}  // namespace
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -14,7 +14,7 @@ bool is_whole_table(const at::Tensor& t) {
       static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
 }
 
-} // namespace
+}  // namespace
 
 bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
   if (!is_whole_table(src) || !is_whole_table(dst) || src.dtype() != dst.dtype() || src.sizes() != dst.sizes()) {
@@ -38,4 +38,4 @@ bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst) {
   return true;  // the snapshot now holds dst's old rows, freed here outside the table's locks
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

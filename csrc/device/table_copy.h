@@ -12,4 +12,4 @@ namespace recdev::device {
 // false, having done nothing, for any other pair.
 bool copy_whole_table(const at::Tensor& src, const at::Tensor& dst);
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -143,4 +143,4 @@ void check_fallback_size(uint64_t nbytes, const std::string& what) {
       "or raise the limit with torch_recdev.set_max_fallback_bytes().");
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -20,7 +20,7 @@
 namespace recdev::store {
 class StoreClient;
 class TableHandle;
-} // namespace recdev::store
+}  // namespace recdev::store
 
 namespace recdev::device {
 
@@ -100,4 +100,4 @@ inline bool is_table(const at::Tensor& t) {
 // max_fallback_bytes limit.
 void check_fallback_size(uint64_t nbytes, const std::string& what);
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -47,4 +47,4 @@ void TableWindow::write_back() const {
   }
 }
 
-} // namespace recdev::device
+}  // namespace recdev::device

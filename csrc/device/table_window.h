@@ -40,4 +40,4 @@ class TableWindow {
   at::Tensor cpu_;
 };
 
-} // namespace recdev::device
+}  // namespace recdev::device

@@ -72,11 +72,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   return {adopt_result(grad_input), adopt_result(grad_weight), adopt_result(grad_bias)};
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", convolution_overrideable);
   m.impl("convolution_backward_overrideable", convolution_backward_overrideable);
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

@@ -70,7 +70,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return access.cpu().item();
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
@@ -89,4 +89,4 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

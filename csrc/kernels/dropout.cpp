@@ -34,10 +34,10 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {device::adopt_result(output), device::adopt_result(mask)};
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", native_dropout);
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

@@ -356,7 +356,7 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::push(*stack, out, offset2bag, bag_size, device::adopt_result(max_indices));
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("embedding", torch::CppFunction::makeFromBoxedFunction<&embedding>());
@@ -366,4 +366,4 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_embedding_bag_forward_only", torch::CppFunction::makeFromBoxedFunction<&embedding_bag>());
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

@@ -394,7 +394,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autogra
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("embedding", embedding_autograd);
@@ -426,4 +426,4 @@ TORCH_LIBRARY_IMPL(recdev, PrivateUse1, m) {
   m.impl("table_embedding_bag_per_sample_weights_backward", per_sample_weights_grad);
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

@@ -315,7 +315,7 @@ void FallbackCall::convert_returns(torch::jit::Stack& stack) {
   }
 }
 
-} // namespace
+}  // namespace
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   FallbackCall call(op);
@@ -356,7 +356,7 @@ const bool sparse_ops_registered = [] {
   }
   return true;
 }();
-} // namespace
+}  // namespace
 
 // These ops have a CompositeExplicitAutograd decomposition, which the
 // dispatcher prefers to a backend fallback, and a dedicated CPU kernel.
@@ -367,4 +367,4 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

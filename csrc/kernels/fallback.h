@@ -9,4 +9,4 @@ namespace recdev::kernels {
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

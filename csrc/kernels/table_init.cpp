@@ -89,7 +89,7 @@ void init_table_or_fallback(const c10::OperatorHandle& op, torch::jit::Stack* st
   cpu_fallback(op, stack);
 }
 
-} // namespace
+}  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"normal_", "uniform_", "zero_", "fill_.Scalar"}) {
@@ -97,4 +97,4 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

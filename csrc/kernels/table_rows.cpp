@@ -113,4 +113,4 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   return out;
 }
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

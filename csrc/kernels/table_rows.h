@@ -50,4 +50,4 @@ at::Tensor empty_host(c10::IntArrayRef size, c10::ScalarType dtype);
 // weight[ids] for a gatherable table view: ids.shape + weight.shape[1:].
 at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor& indices, IdRule rule, const char* op);
 
-} // namespace recdev::kernels
+}  // namespace recdev::kernels

@@ -18,7 +18,9 @@
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
-namespace recdev::device {
+namespace recdev::python {
+
+using namespace recdev::device;  // the device entry points these bindings expose
 
 namespace {
 
@@ -72,24 +74,25 @@ py::dict table_stats(const at::Tensor& t) {
   d["evicted"] = stats.evicted;
   d["admitted"] = stats.admitted;
   d["pending"] = stats.pending;
-  d["policy"] = store::policy_to_dict(block->table().policy());
+  d["policy"] = policy_to_dict(block->table().policy());
   return d;
 }
 
-} // namespace
+}  // namespace
 
-} // namespace recdev::device
+}  // namespace recdev::python
 
 PYBIND11_MODULE(_C, m) {
   namespace device = recdev::device;
+  namespace python = recdev::python;
   m.doc() = "torch_recdev native extension: the recdev device (PrivateUse1).";
-  m.def("_default_generator", &device::default_generator_object, py::arg("index") = 0);
+  m.def("_default_generator", &python::default_generator_object, py::arg("index") = 0);
   m.def("_table_min_bytes", &device::table_min_bytes);
   m.def("_set_table_min_bytes", &device::set_table_min_bytes);
   m.def("_max_fallback_bytes", &device::max_fallback_bytes);
   m.def("_set_max_fallback_bytes", &device::set_max_fallback_bytes);
-  m.def("_placement", [] { return device::placement_name(device::placement_override()); });
-  m.def("_set_placement", [](const std::string& name) { device::set_placement_override(device::parse_placement(name)); });
+  m.def("_placement", [] { return python::placement_name(device::placement_override()); });
+  m.def("_set_placement", [](const std::string& name) { device::set_placement_override(python::parse_placement(name)); });
   m.def("_is_table", &device::is_table);
   // Freed memory kept for reuse: host blocks, and the empty regions of the store's chunk pool.
   m.def("_empty_cache", [] {
@@ -97,10 +100,10 @@ PYBIND11_MODULE(_C, m) {
     recdev::store::release_cached_chunk_regions();
   });
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
-  m.def("_table_stats", &device::table_stats);
+  m.def("_table_stats", &python::table_stats);
   m.def("_store_kernel_capability", &recdev::store::store_kernel_capability);
-  device::bind_table_api(m);
-  device::bind_table_serialization(m);
-  recdev::store::bind(m);
-  recdev::net::bind(m);
+  python::bind_table_api(m);
+  python::bind_table_serialization(m);
+  python::bind_store(m);
+  python::bind_server(m);
 }

@@ -5,13 +5,15 @@
 
 #include <chrono>
 
-#include "net/connection.h"
+#include "net/client/connection.h"
 
 namespace py = pybind11;
 
-namespace recdev::net {
+namespace recdev::python {
 
-void bind(py::module_& m) {
+using namespace recdev::net;  // the client these bindings expose
+
+void bind_server(py::module_& m) {
   py::module_ s = m.def_submodule("_server", "recdev-server's protocol constants and its stats client.");
   s.attr("PROTOCOL_VERSION") = kProtocolVersion;
   s.attr("MAX_PAYLOAD_BYTES") = kMaxPayloadBytes;
@@ -58,4 +60,4 @@ void bind(py::module_& m) {
       "The STATS of one server, as a dict.");
 }
 
-}  // namespace recdev::net
+}  // namespace recdev::python

@@ -4,8 +4,8 @@
 
 #include <pybind11/pybind11.h>
 
-namespace recdev::net {
+namespace recdev::python {
 
-void bind(pybind11::module_& m);
+void bind_server(pybind11::module_& m);
 
-}  // namespace recdev::net
+}  // namespace recdev::python

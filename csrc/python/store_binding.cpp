@@ -23,7 +23,9 @@
 
 namespace py = pybind11;
 
-namespace recdev::store {
+namespace recdev::python {
+
+using namespace recdev::store;  // the store types these bindings expose
 namespace {
 
 constexpr auto kArrayFlags = py::array::c_style | py::array::forcecast;
@@ -543,7 +545,7 @@ void bind_checkpoints(py::module_& s) {
 
 }  // namespace
 
-void bind(py::module_& m) {
+void bind_store(py::module_& m) {
   py::module_ s = m.def_submodule("_store", "The recdev parameter-server store engine (test binding).");
   const std::string full_error_name = py::str(s.attr("__name__")).cast<std::string>() + ".StoreFullError";
   store_full_error = PyErr_NewException(full_error_name.c_str(),
@@ -558,4 +560,4 @@ void bind(py::module_& m) {
   bind_checkpoints(s);
 }
 
-}  // namespace recdev::store
+}  // namespace recdev::python

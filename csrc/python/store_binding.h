@@ -5,8 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
-namespace recdev::store {
+namespace recdev::python {
 
-void bind(pybind11::module_& m);
+void bind_store(pybind11::module_& m);
 
-}  // namespace recdev::store
+}  // namespace recdev::python

@@ -4,8 +4,8 @@
 #include "device/generator.h"
 #include "device/table_storage.h"
 
-#include "net/remote_store.h"
-#include "net/sync_step.h"
+#include "net/client/remote_store.h"
+#include "net/client/sync_step.h"
 #include "python/table_policy_binding.h"
 #include "store/deferred_table.h"
 #include "store/table_handle.h"
@@ -17,7 +17,9 @@
 #include <cmath>
 #include <map>
 
-namespace recdev::device {
+namespace recdev::python {
+
+using namespace recdev::device;  // the device entry points these bindings expose
 
 namespace {
 
@@ -346,7 +348,7 @@ net::RemoteTable& remote_of(const at::Tensor& t) {
   return *remote;
 }
 
-// A synchronous step on shards (net/sync_step.h), in two calls so that a profile tells them apart:
+// A synchronous step on shards (net/client/sync_step.h), in two calls so that a profile tells them apart:
 // stage_step returns once every rank's rows of every table are staged on every shard...
 void stage_step(const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
                 const std::vector<at::Tensor>& grads, const net::StepTag& tag, double timeout_seconds) {
@@ -423,7 +425,7 @@ void connect_from_environment(const std::string& servers, const std::string& tok
                        "RECDEV_SERVERS='" + servers + "'");
 }
 
-} // namespace
+}  // namespace
 
 void bind_table_api(py::module_& m) {
   m.def("_connect", &connect);
@@ -461,11 +463,11 @@ void bind_table_api(py::module_& m) {
   m.def("_draw_seed", [] { return draw_op_seed(std::nullopt) & ((uint64_t{1} << 53) - 1); });
   m.def("_set_table_policy", [](const at::Tensor& t, const py::dict& keywords) {
     store::TableHandle& table = table_of(t, "set_table_policy");
-    const store::TablePolicyConfig config = store::policy_from_dict(keywords);
+    const store::TablePolicyConfig config = policy_from_dict(keywords);
     py::gil_scoped_release no_gil;
     table.set_policy(config);
   });
-  m.def("_table_policy", [](const at::Tensor& t) { return store::policy_to_dict(table_of(t, "table_policy").policy()); });
+  m.def("_table_policy", [](const at::Tensor& t) { return policy_to_dict(table_of(t, "table_policy").policy()); });
   m.def("_table_has_policy", [](const at::Tensor& t) { return table_of(t, "table_policy").policy().active(); });
   m.def("_table_is_sync", [](const at::Tensor& t) {
     return dynamic_cast<store::DeferredTable*>(&table_of(t, "sync")) != nullptr;
@@ -485,4 +487,4 @@ void bind_table_api(py::module_& m) {
   });
 }
 
-} // namespace recdev::device
+}  // namespace recdev::python

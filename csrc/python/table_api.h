@@ -5,8 +5,8 @@
 
 #include <torch/extension.h>
 
-namespace recdev::device {
+namespace recdev::python {
 
 void bind_table_api(py::module_& m);
 
-} // namespace recdev::device
+}  // namespace recdev::python

@@ -4,7 +4,9 @@
 
 namespace py = pybind11;
 
-namespace recdev::store {
+namespace recdev::python {
+
+using namespace recdev::store;  // the store types these bindings expose
 namespace {
 
 EvictKind parse_evict(const py::handle& value) {
@@ -56,4 +58,4 @@ py::dict policy_to_dict(const TablePolicyConfig& config) {
   return out;
 }
 
-}  // namespace recdev::store
+}  // namespace recdev::python

@@ -9,9 +9,9 @@
 
 #include "store/table_policy.h"
 
-namespace recdev::store {
+namespace recdev::python {
 
-TablePolicyConfig policy_from_dict(const pybind11::dict& keywords);
-pybind11::dict policy_to_dict(const TablePolicyConfig& config);
+store::TablePolicyConfig policy_from_dict(const pybind11::dict& keywords);
+pybind11::dict policy_to_dict(const store::TablePolicyConfig& config);
 
-}  // namespace recdev::store
+}  // namespace recdev::python

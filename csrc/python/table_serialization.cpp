@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <optional>
 
-namespace recdev::device {
+namespace recdev::python {
+
+using namespace recdev::device;  // the device entry points these bindings expose
 
 namespace {
 
@@ -382,11 +384,11 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
   return raw;
 }
 
-} // namespace
+}  // namespace
 
 void bind_table_serialization(py::module_& m) {
   m.def("_table_snapshot", &table_snapshot);
   m.def("_restore_table", &restore_table, py::arg("header"), py::arg("ids"), py::arg("records"), py::arg("table"));
 }
 
-} // namespace recdev::device
+}  // namespace recdev::python

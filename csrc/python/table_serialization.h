@@ -5,9 +5,9 @@
 
 #include <torch/extension.h>
 
-namespace recdev::device {
+namespace recdev::python {
 
 // _table_snapshot (torch.save) and _restore_table (torch.load).
 void bind_table_serialization(py::module_& m);
 
-} // namespace recdev::device
+}  // namespace recdev::python

@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "net/protocol.h"
-#include "net/server.h"
+#include "net/wire/protocol.h"
+#include "net/server/server.h"
 
 namespace recdev::server {
 

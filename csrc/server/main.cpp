@@ -13,8 +13,8 @@
 #include <exception>
 #include <string>
 
-#include "net/connection.h"
-#include "net/server.h"
+#include "net/client/connection.h"
+#include "net/server/server.h"
 #include "server/command_line.h"
 #include "store/errors.h"
 

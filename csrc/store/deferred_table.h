@@ -2,7 +2,7 @@
 // sync=True). Every other operation goes straight to the table it wraps; update and update_pooled only
 // record their per-id gradient rows, in call and batch order, which take() hands over. The caller
 // combines every rank's rows for the step and applies them once (through apply() on a replica; on
-// shards the shards do it, net/sync_step.h), so that N ranks with batch B update the table exactly as
+// shards the shards do it, net/client/sync_step.h), so that N ranks with batch B update the table exactly as
 // one process with batch N * B does. float32 tables only (the
 // exchange moves float32 rows); sync_table refuses others.
 #pragma once

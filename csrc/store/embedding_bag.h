@@ -27,7 +27,7 @@ struct EmbeddingBag {
   int64_t padding_idx;              // -1, or a row id whose entries are skipped
   // Max, with max positions, per bag (or null): where nonzero, a nan never counts, as in a bag's rows
   // after its first. A remote shard pools its share of a bag so when another shard holds the bag's
-  // first row (net/pooled_partial.h): then the shards' maxima combine into the CPU's result.
+  // first row (net/client/pooled_partial.h): then the shards' maxima combine into the CPU's result.
   const uint8_t* ignore_nan = nullptr;
 
   size_t bag_begin(size_t bag) const { return size_t(offsets[bag]); }

@@ -1,6 +1,6 @@
 // The validation of an update's gradients, before anything changes: every value finite, and no row's
 // summed duplicates overflowing. Table::update checks a batch this way, and so do clients that must
-// refuse a batch before sending it to several shards (net/remote_store.cpp, net/service_steps.cpp), so
+// refuse a batch before sending it to several shards (net/client/remote_store.cpp, net/server/service_steps.cpp), so
 // that no shard applies a batch another would refuse; both refuse in the same words.
 #pragma once
 

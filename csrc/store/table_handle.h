@@ -1,6 +1,6 @@
 // TableHandle and StoreClient: what the device needs of a table and of a store, wherever the rows
 // live — in this process (LocalTable / EmbeddedStoreClient over store::Store, local_store.h), or on
-// recdev-server shards (net::RemoteStoreClient, csrc/net/remote_store.h).
+// recdev-server shards (net::RemoteStoreClient, csrc/net/client/remote_store.h).
 //
 // Every method keeps the meaning, the validation and the error codes of the store::Table method of
 // the same name (table.h): an implementation that talks to servers validates ids, offsets and

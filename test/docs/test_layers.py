@@ -1,6 +1,7 @@
 """The layer rules of docs/architecture.md, checked on every include: each layer of csrc/ includes only
-the layers below it, csrc/store, csrc/net and csrc/server include nothing of torch or Python, and only
-csrc/python includes pybind11."""
+the layers below it; csrc/net is three layers, the wire format both sides share and the client and
+the server, which never include each other; csrc/store, csrc/net and csrc/server include nothing of
+torch or Python, and only csrc/python includes pybind11."""
 
 import re
 
@@ -8,18 +9,22 @@ import pytest
 
 from doc_blocks import ROOT
 
-# What each layer may include of the others (with -I csrc: "store/table.h", "device/cpu_view.h", ...).
+# What each layer may include of the others (with -I csrc: "store/table.h", "net/wire/protocol.h", ...).
+WIRE, CLIENT, SERVER = "net/wire", "net/client", "net/server"
 MAY_INCLUDE = {
     "store": set(),
-    "net": {"store"},
-    "server": {"store", "net"},
-    "device": {"store", "net"},
-    "kernels": {"store", "net", "device"},
-    "python": {"store", "net", "device", "kernels"},
+    WIRE: {"store"},
+    CLIENT: {"store", WIRE},
+    SERVER: {"store", WIRE},
+    # The recdev-server executable: a shard's server, and a client for --stats.
+    "server": {"store", WIRE, SERVER, CLIENT},
+    "device": {"store", WIRE, CLIENT},
+    "kernels": {"store", WIRE, CLIENT, "device"},
+    "python": {"store", WIRE, CLIENT, "device", "kernels"},
 }
 TORCH = re.compile(r"#include\s*<(torch|ATen|c10|caffe2)/")
 PYTHON = re.compile(r"#include\s*<(pybind11/|Python\.h|torch/extension\.h|torch/python\.h|torch/csrc/)")
-LOCAL = re.compile(r'#include\s*"(\w+)/')
+LOCAL = re.compile(r'#include\s*"((?:net/)?\w+)/')
 
 
 def sources(layer):
@@ -27,7 +32,10 @@ def sources(layer):
 
 
 def test_the_layers_are_the_folders_of_csrc():
-    assert {p.name for p in (ROOT / "csrc").iterdir() if p.is_dir()} == set(MAY_INCLUDE)
+    folders = {p.name for p in (ROOT / "csrc").iterdir() if p.is_dir() and p.name != "net"}
+    folders |= {f"net/{p.name}" for p in (ROOT / "csrc" / "net").iterdir() if p.is_dir()}
+    assert folders == set(MAY_INCLUDE)
+    assert not sources("net"), "csrc/net holds its three folders only"
 
 
 @pytest.mark.parametrize("layer", sorted(MAY_INCLUDE))
@@ -39,7 +47,12 @@ def test_includes_go_down_only(layer):
     assert not upward, upward
 
 
-@pytest.mark.parametrize("layer", ["store", "net", "server"])
+def test_client_and_server_never_include_each_other_and_the_wire_neither():
+    assert CLIENT not in MAY_INCLUDE[SERVER] and SERVER not in MAY_INCLUDE[CLIENT]
+    assert not {CLIENT, SERVER} & MAY_INCLUDE[WIRE]
+
+
+@pytest.mark.parametrize("layer", ["store", WIRE, CLIENT, SERVER, "server"])
 def test_store_net_and_server_know_nothing_of_torch_or_python(layer):
     found = [str(path.relative_to(ROOT)) for path in sources(layer)
              if TORCH.search(path.read_text()) or PYTHON.search(path.read_text())]

@@ -1,4 +1,4 @@
-// Unit tests of the client's Exchange (csrc/net/exchange.h), one phase at a time, over a socketpair
+// Unit tests of the client's Exchange (csrc/net/client/exchange.h), one phase at a time, over a socketpair
 // whose other end plays the server. Built and run by test_exchange.py; prints "ok N" and exits 0, or
 // names the first failed check and exits 1.
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "net/exchange.h"
+#include "net/client/exchange.h"
 #include "store/errors.h"
 
 using namespace recdev::net;

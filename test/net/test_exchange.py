@@ -1,4 +1,4 @@
-"""The client's Exchange (csrc/net/exchange.h) phase by phase — send, receive, deliver, fail, and run's
+"""The client's Exchange (csrc/net/client/exchange.h) phase by phase — send, receive, deliver, fail, and run's
 timeout — in C++ (exchange_phases.cpp) against a socketpair the test plays the server on. Built here
 from the net sources it needs, with no torch: csrc/net is plain C++."""
 
@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCES = ["test/net/exchange_phases.cpp", "csrc/net/exchange.cpp", "csrc/net/protocol.cpp", "csrc/net/socket.cpp"]
+SOURCES = ["test/net/exchange_phases.cpp", "csrc/net/client/exchange.cpp", "csrc/net/wire/protocol.cpp", "csrc/net/wire/socket.cpp"]
 
 
 def test_exchange_phases(tmp_path):

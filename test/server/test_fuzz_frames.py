@@ -1,6 +1,6 @@
 """A structured fuzz of the wire protocol against a real recdev-server.
 
-Every request message is described field by field below (docs/protocol.md, csrc/net/protocol.h), with
+Every request message is described field by field below (docs/protocol.md, csrc/net/wire/protocol.h), with
 a valid value for each; the mutator takes a valid request and breaks exactly one field of it — cut
 short in the middle of that field, zeroed, all bits set, off by one (a count or length off by one
 for strings and arrays), or random bytes — and the frame header's fields likewise. Each case goes on

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "frame_io.h"
-#include "protocol.h"
+#include "net/wire/frame_io.h"
+#include "net/wire/protocol.h"
 #include "store/errors.h"
 #include "store/frequency_sketch.h"
 #include "store/table_policy.h"

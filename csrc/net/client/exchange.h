@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "protocol.h"
-#include "socket.h"
+#include "net/wire/protocol.h"
+#include "net/wire/socket.h"
 
 namespace recdev::net {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "protocol.h"
+#include "net/wire/protocol.h"
 #include "store/errors.h"
 
 namespace recdev::net {

@@ -29,7 +29,7 @@
 #include <tuple>
 #include <vector>
 
-#include "protocol.h"
+#include "net/wire/protocol.h"
 
 namespace recdev::net {
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "protocol.h"
+#include "net/wire/protocol.h"
 #include "store/embedding_bag.h"
 
 namespace recdev::net {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "frame_io.h"
-#include "protocol.h"
+#include "net/wire/frame_io.h"
+#include "net/wire/protocol.h"
 #include "sessions.h"
 #include "staged_steps.h"
 #include "store/store.h"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "frame_io.h"
-#include "protocol.h"
-#include "socket.h"
+#include "net/wire/frame_io.h"
+#include "net/wire/protocol.h"
+#include "net/wire/socket.h"
 
 namespace recdev::net {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "protocol.h"
-#include "socket.h"
+#include "net/wire/protocol.h"
+#include "net/wire/socket.h"
 #include "store/table.h"
 
 namespace recdev::net {

@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "exchange.h"
-#include "protocol.h"
-#include "socket.h"
+#include "net/wire/protocol.h"
+#include "net/wire/socket.h"
 
 namespace recdev::net {
 

@@ -1,0 +1,122 @@
+"""Which store tables go to: the embedded store of this process, or ``recdev-server`` shards; and
+under torchrun, the one rank 0 named.
+
+``connect(servers)`` (or ``RECDEV_SERVERS`` at import) makes the remote store current; ``connect()``
+goes back to the embedded store; ``store_info()`` says which is current. In a fleet the store is
+named once: rank 0's choice is published through the default process group's own store, and another
+rank that chose none connects to the same servers the first time it declares a table
+(``ops.init_embedding_table``, ``share_tables``) or calls ``fleet_store()``.
+
+Every other module asks this one; it imports none of them but the extension and ``pending``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from . import _C, pending
+
+__all__ = ["connect", "store_info", "fleet_store"]
+
+# The key under which rank 0 publishes its store in the default process group's store.
+_STORE_KEY = "torch_recdev/servers"
+# The process group whose ranks already agree on the store (the default group, once it exists).
+_agreed_with: Optional[object] = None
+# Set by connect(): this rank chose its store itself and does not take rank 0's.
+_connected_explicitly = False
+
+
+def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0) -> dict:
+    """Chooses the store that new tables, named tables, ``save`` and ``load`` go to; returns
+    ``store_info()``.
+
+    ``servers`` is ``"tcp://h1:7070,tcp://h2:7071"``: one ``recdev-server`` per shard, listed in
+    shard order (docs/remote.md). ``None`` (or ``"embedded"``) goes back to the in-process store.
+    Under torchrun, rank 0's choice is published to the other ranks (``fleet_store``).
+    ``token`` is the servers' ``--token-file`` token; ``timeout`` (seconds) bounds every wait for a
+    server, so a dead one gives a ``ConnectionError`` naming it instead of a hang. Every server is
+    reached now: a bad address, a wrong token or nothing listening fails here. Tables created
+    before keep working with the store they live in."""
+    if servers is not None and not isinstance(servers, str):
+        raise TypeError(f"connect: servers must be a string like 'tcp://host:7070,tcp://host:7071' or None; got {servers!r}")
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"connect: token must be a string or None; got {type(token).__name__}")
+    timeout = float(timeout)
+    if not timeout > 0:
+        raise ValueError(f"connect: timeout must be a positive number of seconds; got {timeout}")
+    pending.wait()  # operations in flight go to the store they were issued to
+    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout)
+    _publish_after_connect()
+    return store_info()
+
+
+def store_info() -> dict:
+    """The current store: ``kind`` ("embedded" or "remote"), ``servers`` (``tcp://`` addresses, in
+    shard order; empty when embedded), ``shards`` (how many), and ``timeout`` (remote only)."""
+    return dict(_C._store_info())
+
+
+def _connect_from_environment() -> None:
+    """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``) makes the remote store current
+    at import; the servers are reached at the store's first use (a table, an ops call,
+    ``store_info()``), so that ``import torch`` opens no socket. An unreachable server is an error
+    there, naming RECDEV_SERVERS."""
+    servers = os.environ.get("RECDEV_SERVERS", "").strip()
+    if not servers:
+        return
+    timeout = float(os.environ.get("RECDEV_TIMEOUT", "30"))
+    if not timeout > 0:
+        raise ValueError(f"RECDEV_TIMEOUT must be a positive number of seconds; got {timeout}")
+    _C._connect_from_environment(servers, os.environ.get("RECDEV_TOKEN", ""), timeout)
+
+
+def _default_group():
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return None
+    return torch.distributed.distributed_c10d._get_default_group()
+
+
+def fleet_store() -> dict:
+    """Makes this rank's store the one rank 0 named, and returns ``store_info()``.
+
+    Under an initialized default process group: rank 0 publishes its store (``RECDEV_SERVERS``,
+    ``connect()`` or the embedded store) in the group's store; another rank that set neither connects
+    to the same servers (with its own ``RECDEV_TOKEN``: the token is not published). Waits for rank 0
+    at most the process group's timeout. Without a process group, the current store as it is.
+    Declarations call this first, so a script rarely needs to."""
+    global _agreed_with
+    group = _default_group()
+    if group is None or _agreed_with is group:
+        return store_info()
+    store = torch.distributed.distributed_c10d._get_default_store()
+    if torch.distributed.get_rank() == 0:
+        info = store_info()  # connects RECDEV_SERVERS now, so a bad list fails on rank 0 first
+        published = ",".join(info["servers"]) if info["kind"] == "remote" else "embedded"
+        timeout = str(info.get("timeout", 30.0))
+        store.set(_STORE_KEY, f"{published};{timeout}")
+    elif not _connected_explicitly and not os.environ.get("RECDEV_SERVERS", "").strip():
+        try:
+            servers, timeout = store.get(_STORE_KEY).decode().split(";")
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"rank {torch.distributed.get_rank()}: rank 0 did not publish its recdev store in time ({error}). "
+                "Rank 0 publishes it when it declares a table, calls share_tables, connect or fleet_store; "
+                "or set RECDEV_SERVERS on every rank."
+            ) from error
+        if servers != "embedded":
+            connect(servers, token=os.environ.get("RECDEV_TOKEN") or None, timeout=float(timeout))
+    _agreed_with = group
+    return store_info()
+
+
+def _publish_after_connect() -> None:
+    """connect() on rank 0 of an initialized group publishes at once (a later connect replaces it)."""
+    global _agreed_with, _connected_explicitly
+    _connected_explicitly = True
+    group = _default_group()
+    if group is not None and torch.distributed.get_rank() == 0:
+        _agreed_with = None
+        fleet_store()
