@@ -6,12 +6,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 BUILT  := $(VENV)/.extension-built
+# The test bindings (torch_recdev._testing: the store engine alone), for tests and benchmarks only.
+TESTING := $(VENV)/.testing-built
 FBGEMM := .venv-fbgemm
-SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/net/*/*.cpp csrc/net/*/*.h)
+SOURCES := setup.py build_native.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*/*.cpp csrc/*/*/*.h)
 # The wheel of torch 2.13.0 (CPU) may lie in a local wheel folder; pip finds it there first.
 PIP    := $(PY) -m pip install --disable-pip-version-check
 
-.PHONY: demo fleet-demo test soak bench build clean fbgemm-venv redis-peer lint
+.PHONY: demo fleet-demo test soak bench build clean fbgemm-venv redis-peer lint format
 
 demo: $(BUILT)
 	$(PY) examples/train_ctr.py --plot ctr_learning_curves.png
@@ -21,21 +23,27 @@ fleet-demo: $(BUILT)
 	$(PY) examples/fleet_demo.py -- --plot ctr_fleet_learning_curves.png
 
 # On both cores, each test file on one of them (module fixtures such as the fleet's start once).
-test: $(BUILT) redis-peer
+test: $(BUILT) $(TESTING) redis-peer
 	$(PY) -m pytest -n 2 --dist loadfile test
 
 # The model-based test of the store (test/model) on random sequences for SOAK_MINUTES minutes;
 # `make test` runs its fixed, derandomized sequences.
 SOAK_MINUTES ?= 30
-soak: $(BUILT)
+soak: $(BUILT) $(TESTING)
 	RECDEV_SOAK_MINUTES=$(SOAK_MINUTES) $(PY) -m pytest test/model -x -q -k soak
 
-# Python by ruff (ruff.toml); C++ is compiled with -Wall -Werror by every build.
+# Python by ruff (ruff.toml); C++ formatting by clang-format (.clang-format), whose --dry-run lists
+# every line it would change (`make format` changes them). C++ is compiled with -Wall -Werror by every build.
+CPP_SOURCES = $(shell find csrc -name '*.cpp' -o -name '*.h')
 lint: $(DEPS)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CPP_SOURCES)
+
+format: $(DEPS)
+	$(VENV)/bin/clang-format -i $(CPP_SOURCES)
 
 # The fbgemm peer is optional: where its venv cannot be installed, the results say so.
-bench: $(BUILT) redis-peer
+bench: $(BUILT) $(TESTING) redis-peer
 	-$(MAKE) fbgemm-venv
 	$(PY) benchmarks/run.py
 
@@ -47,6 +55,10 @@ $(FBGEMM)/.installed: requirements-fbgemm.txt
 	touch $@
 
 build: $(BUILT)
+
+$(TESTING): $(BUILT)
+	$(PY) build_native.py --testing
+	touch $@
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -68,4 +80,4 @@ redis-peer:
 	  echo "note: redis-server is not installed and apt-get cannot install it; the Redis peer is skipped"
 
 clean:
-	rm -rf build *.egg-info torch_recdev/*.so $(BUILT)
+	rm -rf build *.egg-info torch_recdev/*.so $(BUILT) $(TESTING)

@@ -1,9 +1,10 @@
-"""Build torch_recdev: one torch C++ extension and the native recdev-server executable, both
-compiled with ninja, one translation unit per source file so that builds run in parallel."""
+"""Build torch_recdev: one torch C++ extension and the native recdev-server executable
+(build_native.py), both compiled with ninja, one translation unit per source file so that builds
+run in parallel."""
 
 import glob
 import os
-import subprocess
+import sys
 
 # Importing torch autoloads an installed torch_recdev; a stale or half-built
 # one must not break the build that replaces it.
@@ -14,6 +15,9 @@ from distutils.command.build_scripts import build_scripts
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+
+import build_native  # noqa: E402  (recdev-server and the test module: no torch)
 
 
 class IncrementalBuildExtension(BuildExtension.with_options(use_ninja=True)):
@@ -23,13 +27,7 @@ class IncrementalBuildExtension(BuildExtension.with_options(use_ninja=True)):
     def build_extensions(self):
         self.build_temp = os.path.join(ROOT, "build", "temp")
         super().build_extensions()
-        build_server()
-
-
-# recdev-server: csrc/store, csrc/net/wire, csrc/net/server and csrc/server: no torch, no Python. Built beside _C and
-# installed on PATH (the executable itself, so that `ldd recdev-server` shows what it is).
-SERVER = os.path.join("torch_recdev", "recdev-server")
-SERVER_FLAGS = "-std=c++20 -O2 -g0 -Wall -Werror -Wno-unused-parameter -pthread"
+        build_native.build()
 
 
 class CopyNativeScripts(build_scripts):
@@ -43,41 +41,6 @@ class CopyNativeScripts(build_scripts):
             copied.append(os.path.join(self.build_dir, os.path.basename(script)))
             self.copy_file(script, copied[-1])
         return copied, copied
-
-
-def server_sources():
-    found = []
-    # The client's connection is for `recdev-server --stats ADDRESS`, which asks a running server.
-    for pattern in ["csrc/store/*.cpp", "csrc/net/wire/*.cpp", "csrc/net/server/*.cpp", "csrc/net/client/connection.cpp",
-                    "csrc/server/*.cpp"]:
-        found += sorted(glob.glob(pattern, root_dir=ROOT))
-    return found
-
-
-def build_server():
-    """Compiles recdev-server with ninja in build/server (incremental: ninja tracks headers)."""
-    import ninja
-
-    build_dir = os.path.join(ROOT, "build", "server")
-    os.makedirs(build_dir, exist_ok=True)
-    lines = [
-        f"cxx = {os.environ.get('CXX', 'c++')}",
-        f"flags = {SERVER_FLAGS} -I{os.path.join(ROOT, 'csrc')}",
-        "rule cxx",
-        "  command = $cxx -MMD -MF $out.d $flags -c $in -o $out",
-        "  depfile = $out.d",
-        "  deps = gcc",
-        "rule link",
-        "  command = $cxx -pthread $in -o $out",
-    ]
-    objects = []
-    for source in server_sources():
-        objects.append(source.replace("/", "_") + ".o")
-        lines.append(f"build {objects[-1]}: cxx {os.path.join(ROOT, source)}")
-    lines.append(f"build {os.path.join(ROOT, SERVER)}: link {' '.join(objects)}")
-    with open(os.path.join(build_dir, "build.ninja"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    subprocess.run([os.path.join(ninja.BIN_DIR, "ninja"), "-C", build_dir], check=True)
 
 
 def sources():
@@ -107,7 +70,7 @@ setup(
         )
     ],
     cmdclass={"build_ext": IncrementalBuildExtension, "build_scripts": CopyNativeScripts},
-    scripts=[SERVER],
+    scripts=[build_native.SERVER],
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy"],
     entry_points={

@@ -27,7 +27,7 @@ import torch
 
 import torch_recdev
 from harness import Fact, Row, compare
-from torch_recdev import _C
+from torch_recdev import _testing
 
 TOUCHED, NUM_IDS, BAG, DIM, STEPS = 200_000, 65_536, 4, 64, 10
 ZIPF = 1.05
@@ -120,9 +120,9 @@ def _training(quick: bool) -> list:
 
 def _sketch_cost(quick: bool) -> list:
     n = 20_000 if quick else 100_000
-    store = _C._store
+    store = _testing._store
     table = store.Store()
-    config = store.TableConfig(num_rows=1 << 40, dim=DIM, init=store.InitRule.normal(0, 0.01, seed=1))
+    config = store.TableConfig(num_rows=1 << 40, row_words=DIM, init=store.InitRule.normal(0, 0.01, seed=1))
     pending = table.table(table.create_table(config))
     plain = table.table(table.create_table(config))
     pending.set_policy(admit_after=65535)
@@ -148,9 +148,9 @@ def _sketch_cost(quick: bool) -> list:
 
 def _stream(quick: bool) -> list:
     distinct, budget, batch = (10**6, 10**5, 50_000) if quick else (10**7, 10**6, 50_000)
-    store = _C._store
+    store = _testing._store
     s = store.Store()
-    table = s.table(s.create_table(store.TableConfig(num_rows=1 << 40, dim=16)))
+    table = s.table(s.create_table(store.TableConfig(num_rows=1 << 40, row_words=16)))
     table.set_policy(max_rows=budget, evict="lru")
     rss, held = [], []
     start = time.perf_counter()

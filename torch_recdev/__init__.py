@@ -58,7 +58,7 @@ _run_backward_on_the_calling_thread()
 
 
 from . import compile_support, ops, optim, serialization, stores, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
-from .stores import connect, fleet_store, store_info  # noqa: E402
+from .stores import StoreFullError, connect, fleet_store, server_stats, store_info  # noqa: E402
 from .budgets import set_table_policy, table_policy  # noqa: E402
 from .fleet import share_tables  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
@@ -85,6 +85,8 @@ __all__ = [
     "connect",
     "store_info",
     "fleet_store",
+    "server_stats",
+    "StoreFullError",
     "share_tables",
     "ops",
     "optim",

@@ -56,13 +56,7 @@ def share_tables(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.T
             raise ValueError(f"share_tables: {key} is a {param.dim()}-D table; only 2-D tables (rows x dim) can be named")
         (kind, a, b), optimizer = _C._table_declaration(param)
         if optimizer is not None:
-            hp = dict(optimizer[1])
-            if optimizer[0] == "adam":
-                hp["betas"] = (hp.pop("beta1"), hp.pop("beta2"))
-            if "stochastic_rounding" in hp:
-                hp["stochastic_rounding"] = True
-                hp["rounding_seed"] = int(hp["rounding_seed"])
-            optimizer = (optimizer[0], hp)
+            optimizer = (optimizer.kind, optimizer.hyperparameters())
         named = ops.init_embedding_table(
             prefix + key, param.shape[0], param.shape[1], init=strategies[kind](a, b), optimizer=optimizer,
             dtype=param.dtype,

@@ -157,11 +157,10 @@ def init_embedding_table(
         if not isinstance(init, InitStrategy):
             raise TypeError(f"init must be a torch_recdev init strategy (Normal, Uniform, ...); got {init!r}")
         rule = init._rule()
-    fused = None
-    if optimizer is not None:
-        fused = _optimizer_declaration(optimizer)
+    fused, declares_rounding = (None, False) if optimizer is None else _optimizer_declaration(optimizer)
     fleet_store()  # under torchrun, the store rank 0 named
-    table = _C._declare_table(name, int(num_embeddings), int(embedding_dim), rule, fused, bool(reset), dtype)
+    table = _C._declare_table(name, int(num_embeddings), int(embedding_dim), rule, fused, declares_rounding,
+                              bool(reset), dtype)
     if policy_keywords is not None:
         _C._set_table_policy(table, policy_keywords)
     return table
@@ -170,8 +169,9 @@ def init_embedding_table(
 _ROUNDING_KEYS = ("stochastic_rounding", "rounding_seed")
 
 
-def _optimizer_declaration(optimizer: tuple[str, dict]) -> tuple[str, dict]:
-    """``(kind, hyperparameters)`` as the store takes it: torch.optim's defaults for what is not given.
+def _optimizer_declaration(optimizer: tuple[str, dict]) -> tuple[_C.OptimizerConfig, bool]:
+    """``(kind, hyperparameters)`` as the store takes it, with whether it names the rounding mode:
+    torch.optim's defaults for what is not given.
 
     ``stochastic_rounding`` is part of the declaration only when named: a declaration that leaves it
     out keeps the table's rounding mode. Named True without a ``rounding_seed``, the seed is drawn from
@@ -190,14 +190,16 @@ def _optimizer_declaration(optimizer: tuple[str, dict]) -> tuple[str, dict]:
         config["beta1"], config["beta2"] = betas
     if "rounding_seed" in config and "stochastic_rounding" not in config:
         raise ValueError(f"{kind}: rounding_seed is used with stochastic_rounding=True only; name both")
-    if "stochastic_rounding" in config:
+    declares_rounding = "stochastic_rounding" in config
+    if declares_rounding:
         rounding = config.pop("stochastic_rounding")
         if not isinstance(rounding, bool):
             raise TypeError(f"{kind}: stochastic_rounding must be True or False; got {rounding!r}")
         seed = config.pop("rounding_seed", None)
         config.update(optim._rounding_defaults(rounding) if seed is None or not rounding
                       else {"stochastic_rounding": True, "rounding_seed": optim._rounding_seed(seed)})
-    return kind, {k: float(v) for k, v in config.items()}
+    rounding = {k: config.pop(k) for k in _ROUNDING_KEYS if k in config}
+    return _C.OptimizerConfig(kind, **{k: float(v) for k, v in config.items()}, **rounding), declares_rounding
 
 
 def emb_init(table: torch.Tensor, keys: torch.Tensor, values_or_strategy) -> None:

@@ -94,7 +94,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if "betas" in self.defaults_for_store:
             config["beta1"], config["beta2"] = (float(b) for b in group["betas"])
         config.update(_rounding_config(self, p, group))
-        _C._set_table_optimizer(p, self.kind, config)
+        _C._set_table_optimizer(p, _C.OptimizerConfig(self.kind, **config))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -164,7 +164,7 @@ def _rounding_config(opt: FusedOptimizer, p: torch.Tensor, group: dict) -> dict:
         return {}
     index = next(i for i, q in enumerate(q for g in opt.param_groups for q in g["params"]) if q is p)
     seed = (int(group["rounding_seed"]) + index * 0x9E3779B97F4A7C15) % 2**53
-    return {"stochastic_rounding": 1.0, "rounding_seed": float(seed)}
+    return {"stochastic_rounding": True, "rounding_seed": seed}
 
 
 class SGD(FusedOptimizer):

@@ -19,7 +19,10 @@ import torch
 
 from . import _C, pending
 
-__all__ = ["connect", "store_info", "fleet_store"]
+__all__ = ["connect", "store_info", "fleet_store", "server_stats", "StoreFullError"]
+
+# What a store raises when it is out of memory (a MemoryError and a RuntimeError).
+StoreFullError = _C.StoreFullError
 
 # The key under which rank 0 publishes its store in the default process group's store.
 _STORE_KEY = "torch_recdev/servers"
@@ -57,6 +60,14 @@ def store_info() -> dict:
     """The current store: ``kind`` ("embedded" or "remote"), ``servers`` (``tcp://`` addresses, in
     shard order; empty when embedded), ``shards`` (how many), and ``timeout`` (remote only)."""
     return dict(_C._store_info())
+
+
+def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dict:
+    """One running ``recdev-server``'s STATS (what ``recdev-server --stats`` prints) as a dict:
+    ``rows``, ``bytes``, ``max_memory``, ``requests``, ``errors``, ``connections``, ``sessions``,
+    ``uptime_seconds``, ``tables``, and ``table_counters`` (each table's rows, evicted, admitted,
+    pending and budget). ``address`` is ``HOST:PORT``; ``token`` the server's ``--token-file`` token."""
+    return dict(_C._server_stats(address, token, timeout))
 
 
 def _connect_from_environment() -> None:

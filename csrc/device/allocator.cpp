@@ -18,12 +18,9 @@ c10::DataPtr HostAllocator::allocate(size_t nbytes) {
   if (block.get() == nullptr) {
     block = cpu->allocate(nbytes);
   }
-  c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(),
-      nbytes,
-      std::move(block),
-      cpu,
-      /*resizable=*/true));
+  c10::Storage cpu_storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                                 std::move(block), cpu,
+                                                                 /*resizable=*/true));
   return host_data_ptr(std::move(cpu_storage), 0);
 }
 
@@ -32,10 +29,7 @@ c10::DeleterFnPtr HostAllocator::raw_deleter() const {
   return nullptr;
 }
 
-void HostAllocator::copy_data(void* dest, const void* src, std::size_t count)
-    const {
-  std::memcpy(dest, src, count);
-}
+void HostAllocator::copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 
 HostAllocator& host_allocator() {
   static HostAllocator allocator;

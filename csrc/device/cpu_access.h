@@ -17,9 +17,7 @@ class CpuAccess {
   // `what` names the operation if a table window would be too large.
   CpuAccess(const at::Tensor& t, const std::string& what);
 
-  const at::Tensor& cpu() const {
-    return cpu_;
-  }
+  const at::Tensor& cpu() const { return cpu_; }
   // Writes a table window back to its table; nothing to do for host bytes.
   void write_back() const;
 

@@ -24,10 +24,7 @@ c10::Storage result_storage(const at::Tensor& cpu_result);
 // A recdev tensor on `recdev_storage` with the dtype, sizes, strides and
 // offset of `geometry` (a CPU tensor), its offset moved by `byte_shift` (where
 // geometry's storage is a window into the recdev storage).
-at::Tensor recdev_tensor_on(
-    const c10::Storage& recdev_storage,
-    const at::Tensor& geometry,
-    uint64_t byte_shift = 0);
+at::Tensor recdev_tensor_on(const c10::Storage& recdev_storage, const at::Tensor& geometry, uint64_t byte_shift = 0);
 
 // A fresh CPU tensor (a kernel's result) as a recdev tensor owning the same
 // bytes. Undefined stays undefined.

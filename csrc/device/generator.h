@@ -14,9 +14,7 @@ class RecdevGenerator final : public c10::GeneratorImpl {
   explicit RecdevGenerator(c10::DeviceIndex index = 0);
 
   // Read by at::check_generator.
-  static c10::DeviceType device_type() {
-    return c10::DeviceType::PrivateUse1;
-  }
+  static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
   void set_current_seed(uint64_t seed) override;
   uint64_t current_seed() const override;

@@ -32,12 +32,8 @@ class PinnedAllocator final : public c10::Allocator {
     }
     return {data, data, &free_pinned, c10::Device(c10::DeviceType::CPU)};
   }
-  c10::DeleterFnPtr raw_deleter() const override {
-    return &free_pinned;
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   static bool contains(const void* ptr) {
     const auto address = reinterpret_cast<uintptr_t>(ptr);
@@ -75,21 +71,11 @@ class PinnedAllocator final : public c10::Allocator {
 PinnedAllocator pinned_allocator;
 
 struct RecdevHooks final : at::PrivateUse1HooksInterface {
-  bool isBuilt() const override {
-    return true;
-  }
-  bool isAvailable() const override {
-    return true;
-  }
-  bool hasPrimaryContext(c10::DeviceIndex) const override {
-    return true;
-  }
-  c10::DeviceIndex deviceCount() const override {
-    return 1;
-  }
-  c10::DeviceIndex getCurrentDevice() const override {
-    return 0;
-  }
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
   void setCurrentDevice(c10::DeviceIndex device) const override {
     TORCH_CHECK(device == 0, "recdev has one device, recdev:0; got index ", static_cast<int>(device));
   }
@@ -97,24 +83,14 @@ struct RecdevHooks final : at::PrivateUse1HooksInterface {
     setCurrentDevice(device);
     return 0;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override {
-    return 0;
-  }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
-    return default_generator(index);
-  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override { return default_generator(index); }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     return at::make_generator<RecdevGenerator>(index < 0 ? 0 : index);
   }
-  at::Device getDeviceFromPtr(void*) const override {
-    return at::Device(c10::DeviceType::PrivateUse1, 0);
-  }
-  bool isPinnedPtr(const void* data) const override {
-    return PinnedAllocator::contains(data);
-  }
-  at::Allocator* getPinnedMemoryAllocator() const override {
-    return &pinned_allocator;
-  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(c10::DeviceType::PrivateUse1, 0); }
+  bool isPinnedPtr(const void* data) const override { return PinnedAllocator::contains(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
     c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "recdev: trying to resize a storage that is not resizable");

@@ -67,7 +67,7 @@ c10::DataPtr take_cached_block(size_t nbytes) {
 
 void return_block(c10::DataPtr block, size_t nbytes) {
   if (nbytes < kMinCachedBlockBytes || nbytes > cache_limit() || block.get() == nullptr) {
-    return; // freed by the DataPtr's own deleter
+    return;  // freed by the DataPtr's own deleter
   }
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);

@@ -17,7 +17,7 @@ constexpr uint64_t kSlots = (kEnd - kFirst) >> kSlotShift;
 
 struct Ranges {
   std::mutex mutex;
-  std::map<uint64_t, uint64_t> used; // first slot -> slot count
+  std::map<uint64_t, uint64_t> used;  // first slot -> slot count
 };
 
 Ranges& ranges() {
@@ -29,13 +29,8 @@ Ranges& ranges() {
 
 uintptr_t reserve_opaque_range(uint64_t nbytes) {
   const uint64_t slots = nbytes == 0 ? 1 : ((nbytes - 1) >> kSlotShift) + 1;
-  TORCH_CHECK(
-      slots <= kSlots,
-      "recdev: a table of ",
-      nbytes,
-      " bytes cannot be addressed (the limit is ",
-      kSlots << kSlotShift,
-      " bytes); use fewer rows or a narrower row");
+  TORCH_CHECK(slots <= kSlots, "recdev: a table of ", nbytes, " bytes cannot be addressed (the limit is ",
+              kSlots << kSlotShift, " bytes); use fewer rows or a narrower row");
   Ranges& r = ranges();
   std::lock_guard<std::mutex> lock(r.mutex);
   uint64_t candidate = 0;
@@ -45,11 +40,8 @@ uintptr_t reserve_opaque_range(uint64_t nbytes) {
     }
     candidate = first + count;
   }
-  TORCH_CHECK(
-      candidate + slots <= kSlots,
-      "recdev: out of table address space (",
-      r.used.size(),
-      " tables live); free tables you no longer use");
+  TORCH_CHECK(candidate + slots <= kSlots, "recdev: out of table address space (", r.used.size(),
+              " tables live); free tables you no longer use");
   r.used.emplace(candidate, slots);
   return kFirst + (uintptr_t{candidate} << kSlotShift);
 }

@@ -40,38 +40,23 @@ thread_local PlacementOverride current_override = PlacementOverride::None;
 
 }  // namespace
 
-uint64_t table_min_bytes() {
-  return min_bytes().load();
-}
+uint64_t table_min_bytes() { return min_bytes().load(); }
 
-void set_table_min_bytes(uint64_t bytes) {
-  min_bytes().store(bytes);
-}
+void set_table_min_bytes(uint64_t bytes) { min_bytes().store(bytes); }
 
-PlacementOverride placement_override() {
-  return current_override;
-}
+PlacementOverride placement_override() { return current_override; }
 
-void set_placement_override(PlacementOverride p) {
-  current_override = p;
-}
+void set_placement_override(PlacementOverride p) { current_override = p; }
 
-uint64_t max_fallback_bytes() {
-  return fallback_limit().load();
-}
+uint64_t max_fallback_bytes() { return fallback_limit().load(); }
 
-void set_max_fallback_bytes(uint64_t bytes) {
-  fallback_limit().store(bytes);
-}
+void set_max_fallback_bytes(uint64_t bytes) { fallback_limit().store(bytes); }
 
 bool place_in_table(uint64_t nbytes) {
   switch (current_override) {
-    case PlacementOverride::Host:
-      return false;
-    case PlacementOverride::Table:
-      return nbytes > 0;
-    case PlacementOverride::None:
-      break;
+    case PlacementOverride::Host: return false;
+    case PlacementOverride::Table: return nbytes > 0;
+    case PlacementOverride::None: break;
   }
   return nbytes > 0 && nbytes >= table_min_bytes();
 }

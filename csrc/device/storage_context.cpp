@@ -6,9 +6,7 @@
 
 namespace recdev::device {
 
-void delete_storage_context(void* context) {
-  delete static_cast<StorageContext*>(context);
-}
+void delete_storage_context(void* context) { delete static_cast<StorageContext*>(context); }
 
 StorageContext* storage_context(const c10::DataPtr& data_ptr) {
   if (data_ptr.get_deleter() != &delete_storage_context) {
@@ -28,11 +26,7 @@ HostBlock::~HostBlock() {
 c10::DataPtr host_data_ptr(c10::Storage cpu_storage, c10::DeviceIndex index) {
   void* data = cpu_storage.mutable_data();
   auto* block = new HostBlock(std::move(cpu_storage));
-  return c10::DataPtr(
-      data,
-      block,
-      &delete_storage_context,
-      c10::Device(c10::DeviceType::PrivateUse1, index));
+  return c10::DataPtr(data, block, &delete_storage_context, c10::Device(c10::DeviceType::PrivateUse1, index));
 }
 
 StorageKind storage_kind(const c10::Storage& storage) {

@@ -36,8 +36,7 @@ StorageContext* storage_context(const c10::DataPtr& data_ptr);
 // Host memory is held as a CPU storage, so that a CPU tensor over exactly the
 // same bytes can be made without a copy (see cpu_view.h).
 struct HostBlock final : StorageContext {
-  explicit HostBlock(c10::Storage cpu_storage)
-      : StorageContext(StorageKind::Host), cpu(std::move(cpu_storage)) {}
+  explicit HostBlock(c10::Storage cpu_storage) : StorageContext(StorageKind::Host), cpu(std::move(cpu_storage)) {}
   // Offers large blocks nobody else holds to the host block cache.
   ~HostBlock() override;
   c10::Storage cpu;

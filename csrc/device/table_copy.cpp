@@ -11,7 +11,7 @@ namespace {
 // Whole, and its bytes are its values: no lazy conjugate or negative bit to resolve while copying.
 bool is_whole_table(const at::Tensor& t) {
   return is_table(t) && !t.is_conj() && !t.is_neg() && t.storage_offset() == 0 && t.is_contiguous() &&
-      static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
+         static_cast<uint64_t>(t.numel()) * t.itemsize() == table_block(t.storage())->nbytes;
 }
 
 }  // namespace

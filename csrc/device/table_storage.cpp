@@ -13,12 +13,8 @@
 
 namespace recdev::device {
 
-TableBlock::TableBlock(
-    std::shared_ptr<store::TableHandle> table_in,
-    std::shared_ptr<store::StoreClient> client_in,
-    uint64_t nbytes_in,
-    uint32_t row_bytes_in,
-    bool owns_table_in)
+TableBlock::TableBlock(std::shared_ptr<store::TableHandle> table_in, std::shared_ptr<store::StoreClient> client_in,
+                       uint64_t nbytes_in, uint32_t row_bytes_in, bool owns_table_in)
     : StorageContext(StorageKind::Table),
       client(std::move(client_in)),
       nbytes(nbytes_in),
@@ -64,22 +60,15 @@ bool TableBlock::install_pending_into(store::TableHandle& other) const {
   return true;
 }
 
-c10::Storage wrap_table(
-    std::shared_ptr<store::TableHandle> table,
-    std::shared_ptr<store::StoreClient> client,
-    uint64_t nbytes,
-    uint32_t row_bytes,
-    bool owns_table) {
+c10::Storage wrap_table(std::shared_ptr<store::TableHandle> table, std::shared_ptr<store::StoreClient> client,
+                        uint64_t nbytes, uint32_t row_bytes, bool owns_table) {
   auto block = std::make_unique<TableBlock>(std::move(table), std::move(client), nbytes, row_bytes, owns_table);
   void* address = reinterpret_cast<void*>(block->base);
-  c10::DataPtr data_ptr(
-      address, block.release(), &delete_storage_context, c10::Device(c10::DeviceType::PrivateUse1, 0));
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(),
-      nbytes,
-      std::move(data_ptr),
-      &host_allocator(),
-      /*resizable=*/false));
+  c10::DataPtr data_ptr(address, block.release(), &delete_storage_context,
+                        c10::Device(c10::DeviceType::PrivateUse1, 0));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(data_ptr), &host_allocator(),
+                                                            /*resizable=*/false));
 }
 
 store::ElementType element_type_of(c10::ScalarType dtype) {
@@ -107,10 +96,11 @@ c10::Storage make_table_storage(uint64_t nbytes, uint32_t row_bytes, store::Elem
   TORCH_CHECK(row_bytes > 0 && row_bytes % 4 == 0, "recdev: table rows are whole 4-byte words");
   store::TableConfig config;
   config.num_rows = (nbytes + row_bytes - 1) / row_bytes;
-  config.dim = row_bytes / 4;
+  config.row_words = row_bytes / 4;
   config.dtype = type;
   // A float64 row must be whole elements; a storage whose rows are not is held as bytes.
-  if (config.dtype == store::ElementType::Float64 && config.dim % 2 != 0) config.dtype = store::ElementType::Bytes;
+  if (config.dtype == store::ElementType::Float64 && config.row_words % 2 != 0)
+    config.dtype = store::ElementType::Bytes;
   std::shared_ptr<store::StoreClient> client = current_store();
   std::shared_ptr<store::TableHandle> table = client->create_table(config, /*init_stream=*/0);
   try {
@@ -131,16 +121,10 @@ TableBlock* table_block(const c10::Storage& storage) {
 
 void check_fallback_size(uint64_t nbytes, const std::string& what) {
   const uint64_t limit = max_fallback_bytes();
-  TORCH_CHECK(
-      nbytes <= limit,
-      "recdev: ",
-      what,
-      " would move ",
-      nbytes,
-      " bytes of a store table to the CPU, more than max_fallback_bytes (",
-      limit,
-      "). Look up only the rows you need (weight[ids], F.embedding, index_select), "
-      "or raise the limit with torch_recdev.set_max_fallback_bytes().");
+  TORCH_CHECK(nbytes <= limit, "recdev: ", what, " would move ", nbytes,
+              " bytes of a store table to the CPU, more than max_fallback_bytes (", limit,
+              "). Look up only the rows you need (weight[ids], F.embedding, index_select), "
+              "or raise the limit with torch_recdev.set_max_fallback_bytes().");
 }
 
 }  // namespace recdev::device

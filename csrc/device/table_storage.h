@@ -29,12 +29,8 @@ namespace recdev::device {
 using PendingRows = std::function<void(store::TableHandle& into)>;
 
 struct TableBlock final : StorageContext {
-  TableBlock(
-      std::shared_ptr<store::TableHandle> table,
-      std::shared_ptr<store::StoreClient> client,
-      uint64_t nbytes,
-      uint32_t row_bytes,
-      bool owns_table);
+  TableBlock(std::shared_ptr<store::TableHandle> table, std::shared_ptr<store::StoreClient> client, uint64_t nbytes,
+             uint32_t row_bytes, bool owns_table);
   ~TableBlock() override;
 
   // The table, its pending rows (if any) installed first.
@@ -56,16 +52,16 @@ struct TableBlock final : StorageContext {
   // The client the table lives in: an anonymous table is freed through it
   // even after the current store changed.
   const std::shared_ptr<store::StoreClient> client;
-  const uint64_t nbytes;    // the storage's size; the last row may be partly padding
+  const uint64_t nbytes;  // the storage's size; the last row may be partly padding
   const uint32_t row_bytes;
-  const uintptr_t base;     // the opaque address of byte 0
-  const bool owns_table;    // anonymous tables are freed with their storage
+  const uintptr_t base;   // the opaque address of byte 0
+  const bool owns_table;  // anonymous tables are freed with their storage
 
  private:
   const std::shared_ptr<store::TableHandle> table_;
   mutable std::mutex pending_mutex_;
-  mutable PendingRows pending_;                  // under pending_mutex_
-  mutable std::atomic<bool> has_pending_{false}; // whether pending_ is set: table()'s fast path
+  mutable PendingRows pending_;                   // under pending_mutex_
+  mutable std::atomic<bool> has_pending_{false};  // whether pending_ is set: table()'s fast path
 };
 
 // A new anonymous table storage of `nbytes` bytes, rows of `row_bytes`, in
@@ -82,12 +78,8 @@ c10::ScalarType scalar_type_of(store::ElementType type);
 
 // A recdev storage over an existing table of `client` (a named one,
 // owns_table=false, outlives the storage).
-c10::Storage wrap_table(
-    std::shared_ptr<store::TableHandle> table,
-    std::shared_ptr<store::StoreClient> client,
-    uint64_t nbytes,
-    uint32_t row_bytes,
-    bool owns_table);
+c10::Storage wrap_table(std::shared_ptr<store::TableHandle> table, std::shared_ptr<store::StoreClient> client,
+                        uint64_t nbytes, uint32_t row_bytes, bool owns_table);
 
 // The TableBlock of a storage, or nullptr for host storage.
 TableBlock* table_block(const c10::Storage& storage);

@@ -31,11 +31,11 @@ TableWindow::TableWindow(const at::Tensor& t, const std::string& what)
   if (nbytes > 0) {
     block_->table().read_bytes(range_.begin, nbytes, buffer.data_ptr());
   }
-  cpu_ = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(buffer.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  cpu_ = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(buffer.storage()),
+                                                  c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   c10::TensorImpl* impl = cpu_.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(
-      t.sizes(), t.strides(), t.storage_offset() - static_cast<int64_t>(range_.begin / t.element_size()));
+  impl->set_sizes_and_strides(t.sizes(), t.strides(),
+                              t.storage_offset() - static_cast<int64_t>(range_.begin / t.element_size()));
   impl->_set_conj(t.is_conj());
   impl->_set_neg(t.is_neg());
 }

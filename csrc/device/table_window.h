@@ -13,7 +13,7 @@ namespace recdev::device {
 
 struct ByteRange {
   uint64_t begin = 0;
-  uint64_t end = 0; // one past the last byte
+  uint64_t end = 0;  // one past the last byte
 };
 
 // The bytes of its storage that a strided view reaches.
@@ -25,13 +25,9 @@ class TableWindow {
   TableWindow(const at::Tensor& t, const std::string& what);
 
   // A CPU tensor with t's geometry over the copied bytes.
-  const at::Tensor& cpu() const {
-    return cpu_;
-  }
+  const at::Tensor& cpu() const { return cpu_; }
   // Byte offset of the window within the table storage.
-  uint64_t shift() const {
-    return range_.begin;
-  }
+  uint64_t shift() const { return range_.begin; }
   void write_back() const;
 
  private:

@@ -14,7 +14,6 @@
 #include <ATen/ops/resize_native.h>
 #include <torch/library.h>
 
-
 namespace recdev::kernels {
 
 namespace {
@@ -22,10 +21,8 @@ namespace {
 using device::CpuAccess;
 
 void check_copy_device(const at::Tensor& t) {
-  TORCH_CHECK(
-      t.device().is_cpu() || t.is_privateuseone(),
-      "recdev can copy to and from the CPU only; got a tensor on ",
-      t.device());
+  TORCH_CHECK(t.device().is_cpu() || t.is_privateuseone(), "recdev can copy to and from the CPU only; got a tensor on ",
+              t.device());
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -50,14 +47,9 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 // .cpu() / .to("cpu") of a table view: refuse past max_fallback_bytes before
 // the CPU destination is allocated, not after.
-at::Tensor to_copy(
-    const at::Tensor& self,
-    std::optional<c10::ScalarType> dtype,
-    std::optional<c10::Layout> layout,
-    std::optional<c10::Device> device,
-    std::optional<bool> pin_memory,
-    bool non_blocking,
-    std::optional<c10::MemoryFormat> memory_format) {
+at::Tensor to_copy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> memory_format) {
   if (device::is_table(self) && device.has_value() && device->is_cpu()) {
     const device::ByteRange range = device::covered_bytes(self);
     device::check_fallback_size(range.end - range.begin, "copying a table to the CPU (.cpu(), .to(), torch.save)");
@@ -82,11 +74,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // The CPU copy resolves conjugate and negative bits itself; without these
 // fallthroughs the math-bit fallbacks would materialize the source with
 // clone(), which calls _copy_from again, forever.
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-}
-TORCH_LIBRARY_IMPL(aten, Negative, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-}
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
 
 }  // namespace recdev::kernels

@@ -37,14 +37,13 @@ void check_not_trained_by_indexing(const at::Tensor& self, const char* op) {
   TORCH_CHECK(
       !(self.requires_grad() && at::GradMode::is_enabled() &&
         device::table_block(self.storage())->table().optimizer().kind != store::OptimizerKind::None),
-      "recdev: ", op, " on a table trained by a fused optimizer would give it a dense gradient the optimizer never "
+      "recdev: ", op,
+      " on a table trained by a fused optimizer would give it a dense gradient the optimizer never "
       "sees. Look rows up with F.embedding / F.embedding_bag (or nn.Embedding) so that their gradient goes to the "
       "store, or index inside torch.no_grad() to read rows.");
 }
 
-const at::Tensor& arg(c10::ArrayRef<c10::IValue> args, size_t i) {
-  return args[i].toTensor();
-}
+const at::Tensor& arg(c10::ArrayRef<c10::IValue> args, size_t i) { return args[i].toTensor(); }
 
 // Each boxed kernel below handles the table case and hands the rest to the
 // fallback, which keeps host-storage behaviour exactly CPU's.
@@ -86,8 +85,8 @@ void index(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto indices = args[1].toOptionalTensorList();
   if (indices.size() == 1) {
     const std::optional<at::Tensor> ids = indices.get(0);
-    const bool integer_ids = ids.has_value() && ids->defined() &&
-        (ids->scalar_type() == at::kLong || ids->scalar_type() == at::kInt);
+    const bool integer_ids =
+        ids.has_value() && ids->defined() && (ids->scalar_type() == at::kLong || ids->scalar_type() == at::kInt);
     if (auto first = first_gatherable_row(self); first && integer_ids) {
       check_not_trained_by_indexing(self, "weight[ids]");
       replace_args_with(stack, n, gather(self, *first, *ids, IdRule::Indexing, "index"));
@@ -100,36 +99,30 @@ void index(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // The offsets as contiguous int64 on the CPU (the tensor itself when it already is), checked as
 // CPU's embedding_bag checks them.
 at::Tensor offsets_for_store(const at::Tensor& offsets, size_t num_ids) {
-  TORCH_CHECK(
-      offsets.scalar_type() == at::kLong || offsets.scalar_type() == at::kInt,
-      "embedding_bag: offsets must be Long or Int; got ",
-      offsets.toString());
+  TORCH_CHECK(offsets.scalar_type() == at::kLong || offsets.scalar_type() == at::kInt,
+              "embedding_bag: offsets must be Long or Int; got ", offsets.toString());
   TORCH_CHECK(offsets.dim() == 1, "offsets has to be a 1D Tensor, but got Tensor of dimension ", offsets.dim());
   at::Tensor result = on_cpu(offsets).to(at::kLong).contiguous();
   const int64_t* o = result.const_data_ptr<int64_t>();
   const int64_t count = result.numel();
   if (count > 0) {
-    TORCH_CHECK(
-        o[0] == 0,
-        "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
-        "However, got ",
-        o[0]);
-    TORCH_CHECK(
-        o[count - 1] <= static_cast<int64_t>(num_ids),
-        "offsets[-1] can not be greater than input's length ",
-        num_ids,
-        ", but got offsets[-1] of ",
-        o[count - 1]);
+    TORCH_CHECK(o[0] == 0,
+                "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+                "However, got ",
+                o[0]);
+    TORCH_CHECK(o[count - 1] <= static_cast<int64_t>(num_ids), "offsets[-1] can not be greater than input's length ",
+                num_ids, ", but got offsets[-1] of ", o[count - 1]);
     for (int64_t i = 1; i < count; ++i) {
-      TORCH_CHECK(o[i - 1] <= o[i], "embedding_bag: offsets must be non-decreasing; offsets[", i, "] = ", o[i], " < offsets[", i - 1, "] = ", o[i - 1]);
+      TORCH_CHECK(o[i - 1] <= o[i], "embedding_bag: offsets must be non-decreasing; offsets[", i, "] = ", o[i],
+                  " < offsets[", i - 1, "] = ", o[i - 1]);
     }
   }
   return result;
 }
 
-// embedding_bag on a table of another floating type than float32: the store pools float32 tables
-// only, so the bags' distinct rows are gathered (only the rows touched move) and CPU's own
-// _embedding_bag pools them, with ids renumbered into the gathered rows; its results are exactly
+// embedding_bag on a floating table the store does not pool (RowPathTraits::pools_rows: float64
+// tables, and half tables on shards): the bags' distinct rows are gathered (only the rows touched
+// move) and CPU's own _embedding_bag pools them, with ids renumbered into the gathered rows; its results are exactly
 // those of F.embedding_bag on the whole table, max indices mapped back to row ids.
 void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack, uint64_t first_row) {
   const size_t n = op.schema().arguments().size();
@@ -141,8 +134,9 @@ void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::S
   const RowIds checked(indices, weight.size(0), first_row, IdRule::EmbeddingBag, "embedding_bag");
   const at::Tensor ids = on_cpu(indices).to(at::kLong);
   const auto [distinct, position] = at::_unique(ids, /*sorted=*/false, /*return_inverse=*/true);
-  const at::Tensor rows = device::CpuAccess(gather(weight, first_row, distinct, IdRule::EmbeddingBag, "embedding_bag"),
-                                            "embedding_bag").cpu();
+  const at::Tensor rows =
+      device::CpuAccess(gather(weight, first_row, distinct, IdRule::EmbeddingBag, "embedding_bag"), "embedding_bag")
+          .cpu();
   int64_t padding_idx = args[8].toInt();
   if (padding_idx >= 0) {
     const at::Tensor where_padding = distinct.eq(padding_idx).nonzero();
@@ -211,59 +205,96 @@ void round_pooled_bags(store::ElementType type, float* sums, int64_t num_bags, i
   store::narrow_from_float(type, sums, out, count);
 }
 
-void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  // _embedding_bag[_forward_only](Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False,
-  //   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
-  //   int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+// per_sample_weights (an optional argument) as float32 on the CPU, checked as CPU's kernel checks it;
+// undefined without.
+at::Tensor per_sample_weights_for_store(const c10::IValue& argument, const at::Tensor& weight, int64_t mode,
+                                        size_t ids) {
+  if (!argument.isTensor() || !argument.toTensor().defined()) return at::Tensor();
+  const at::Tensor& per_sample_weights = argument.toTensor();
+  TORCH_CHECK(
+      mode == 0,
+      "embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for mode='sum' (got mode='",
+      mode == 1 ? "mean" : "max", "'). Please open a feature request on GitHub.");
+  // CPU's checkSameType message, with the types named as CPU's (Python shows CPUFloatType as
+  // torch.FloatTensor), so that the table path fails exactly as host storage and the CPU do.
+  const auto cpu_type = [](const at::Tensor& t) {
+    return std::string("CPU") + c10::toString(t.scalar_type()) + "Type";
+  };
+  TORCH_CHECK(per_sample_weights.scalar_type() == weight.scalar_type(),
+              "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
+              "'per_sample_weights'; but type ",
+              cpu_type(weight), " does not equal ", cpu_type(per_sample_weights),
+              " (while checking arguments for embedding_bag)");
+  const at::Tensor weights = on_cpu(per_sample_weights).to(at::kFloat).contiguous();  // half weights widen exactly
+  TORCH_CHECK(weights.numel() == static_cast<int64_t>(ids),
+              "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ",
+              weights.numel(), " and ", ids);
+  return weights;
+}
+
+// _embedding_bag's max_indices, shaped as the meta kernel says (torch.compile checks it): in max mode
+// each maximum's row id; unused otherwise, where it is [num_bags] when offsets are on the CPU (as CPU's
+// kernel gives) and empty otherwise.
+at::Tensor max_indices_of(int64_t mode, int64_t num_bags, int64_t dim, const at::Tensor& offsets_arg,
+                          const at::Tensor& indices, const at::Tensor& max_positions, size_t num_ids) {
+  at::Tensor max_indices = mode == 2 ? at::zeros({num_bags, dim}, at::kLong)
+                                     : at::zeros({offsets_arg.device().is_cpu() ? num_bags : 0}, at::kLong);
+  if (mode == 2 && num_ids > 0) {
+    const at::Tensor ids = on_cpu(indices).to(at::kLong);
+    const at::Tensor positions = max_positions.clamp_min(0);
+    max_indices = at::where(max_positions.ge(0), ids.index_select(0, positions.flatten()).view_as(positions),
+                            at::zeros_like(positions));
+  }
+  return max_indices;
+}
+
+// Where a half table's pooled bags are summed in float32 before rounding: kept per thread up to a
+// bound, as fresh memory per call would be fresh pages, zeroed by the kernel, every call. A whole batch
+// (one request: a remote table, a table with a policy) may need more; that buffer is the call's own
+// (`own`), so that a thread does not keep its largest batch forever.
+float* half_sums_buffer(size_t floats, std::vector<float>& own) {
+  constexpr size_t kKeptPooledFloats = size_t{1} << 18;  // 1 MiB
+  thread_local std::vector<float> kept;
+  std::vector<float>& sums = floats <= kKeptPooledFloats ? kept : own;
+  if (sums.size() < floats) sums.resize(floats);
+  return sums.data();
+}
+
+// offset2bag for bag b's ids [begin, end), and the bag's size (its ids that are not padding).
+int64_t assign_bag(int64_t b, int64_t begin, int64_t end, const RowIds& rows, int64_t padding_row, int64_t* bag_of) {
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    bag_of[i] = b;
+    count += static_cast<int64_t>(rows[i]) != padding_row;
+  }
+  return count;
+}
+
+// _embedding_bag on a table the store pools: ids validated as CPU validates them, the bags split over
+// threads unless the table wants a batch whole (RowPathTraits), each task's bags pooled by the store;
+// half tables' sums rounded into the output as CPU's kernel rounds them.
+void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* stack, uint64_t first_row) {
   const size_t n = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, n);
   const at::Tensor& weight = arg(args, 0);
-  auto first = first_gatherable_row(weight);
-  // Half tables in this process are pooled by the store (rows widened to float32, accumulated in
-  // float32, each output rounded once, as CPU's kernel does); remote shards would add partial sums
-  // in another order than CPU's, so their rows are gathered and CPU pools them.
   const bool half = weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16;
-  const bool store_pools =
-      first && weight.dim() == 2 &&
-      (weight.scalar_type() == at::kFloat || (half && device::table_block(weight.storage())->table().in_process()));
-  if (first && !store_pools && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) &&
-      weight.scalar_type() != at::kFloat) {
-    embedding_bag_of_gathered_rows(op, stack, *first);
-    return;
-  }
-  if (!store_pools) {
-    cpu_fallback(op, stack);
-    return;
-  }
   const at::Tensor& indices = arg(args, 1);
   TORCH_CHECK(indices.dim() == 1, "input has to be 1D or 2D Tensor, but got Tensor of dimension ", indices.dim());
   const int64_t mode = args[4].toInt();
   TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode must be 0 (sum), 1 (mean) or 2 (max); got ", mode);
   const bool include_last_offset = args[7].toBool();
   const int64_t padding_idx = args[8].toInt();
-  const RowIds rows(indices, weight.size(0), *first, IdRule::EmbeddingBag, "embedding_bag");
+  const RowIds rows(indices, weight.size(0), first_row, IdRule::EmbeddingBag, "embedding_bag");
   const at::Tensor offsets_tensor = offsets_for_store(arg(args, 2), rows.size());
   const int64_t* offsets = offsets_tensor.const_data_ptr<int64_t>();
   const int64_t num_offsets = offsets_tensor.numel();
   TORCH_CHECK(!include_last_offset || num_offsets > 0, "include_last_offset: number of offset should be at least 1");
   const int64_t num_bags = include_last_offset ? num_offsets - 1 : num_offsets;
   // Where bag b ends: the next offset, and for the last bag (without include_last_offset) the end of the ids.
-  const auto bag_end = [&](int64_t b) { return b + 1 < num_offsets ? offsets[b + 1] : static_cast<int64_t>(rows.size()); };
-  at::Tensor weights;
-  if (args[6].isTensor() && args[6].toTensor().defined()) {
-    const at::Tensor& per_sample_weights = args[6].toTensor();
-    TORCH_CHECK(mode == 0, "embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for mode='sum' (got mode='", mode == 1 ? "mean" : "max", "'). Please open a feature request on GitHub.");
-    // CPU's checkSameType message, with the types named as CPU's (Python shows CPUFloatType as
-    // torch.FloatTensor), so that the table path fails exactly as host storage and the CPU do.
-    const auto cpu_type = [](const at::Tensor& t) { return std::string("CPU") + c10::toString(t.scalar_type()) + "Type"; };
-    TORCH_CHECK(
-        per_sample_weights.scalar_type() == weight.scalar_type(),
-        "Expected tensor for argument #1 'weight' to have the same type as tensor for argument #1 "
-        "'per_sample_weights'; but type ", cpu_type(weight), " does not equal ", cpu_type(per_sample_weights),
-        " (while checking arguments for embedding_bag)");
-    weights = on_cpu(per_sample_weights).to(at::kFloat).contiguous();  // half weights widen exactly
-    TORCH_CHECK(weights.numel() == static_cast<int64_t>(rows.size()), "embedding_bag: expected per_sample_weights to be 1D with the same number of elements as input; got ", weights.numel(), " and ", rows.size());
-  }
+  const auto bag_end = [&](int64_t b) {
+    return b + 1 < num_offsets ? offsets[b + 1] : static_cast<int64_t>(rows.size());
+  };
+  const at::Tensor weights = per_sample_weights_for_store(args[6], weight, mode, rows.size());
   const int64_t dim = weight.size(1);
   // Half tables: each task pools its bags in float32 into a buffer of its own and rounds them into
   // the output while they are in cache, instead of a float32 output the size of the batch and a
@@ -281,18 +312,14 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   int64_t* size_of = device::cpu_view(bag_size).data_ptr<int64_t>();
   int64_t* positions = mode == 2 ? max_positions.data_ptr<int64_t>() : nullptr;
   const float* weight_data = weights.defined() ? weights.const_data_ptr<float>() : nullptr;
-  const int64_t padding_row = padding_idx < 0 ? -1 : static_cast<int64_t>(*first) + padding_idx;
+  const int64_t padding_row = padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx;
   // Ids past the last bag (include_last_offset) belong to none; CPU leaves them to the last.
   const int64_t pooled_ids = num_bags > 0 ? bag_end(num_bags - 1) : 0;
   std::fill(bag_of + pooled_ids, bag_of + rows.size(), std::max<int64_t>(num_bags - 1, 0));
-  // One request for the whole batch to a remote table (table_handle.h, in_process), and to a table
-  // with a policy, whose store decides each request's touches once (and spreads the pooling over
-  // threads itself): the backward's update of the same ids is then seen as a repeat of the lookup
-  // (table_policy.h) instead of another pass over every id.
-  const bool one_request = !table.in_process() || table.policy().active();
+  const bool one_request = table.row_path_traits().one_request_per_batch;
   const int64_t bags_per_task = one_request
-      ? std::max<int64_t>(1, num_bags)
-      : std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()));
+                                    ? std::max<int64_t>(1, num_bags)
+                                    : std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()));
   // Pools bags [begin, end) as a batch of their own (offsets from 0, closed by an end offset).
   const auto pool_bag_range = [&](int64_t begin, int64_t end) {
     const int64_t base = offsets[begin];
@@ -301,16 +328,9 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
-    // Kept per thread up to a bound: fresh memory per call would be fresh pages, zeroed by the kernel,
-    // every call. A whole batch (one request: a remote table, a table with a policy) may need more;
-    // that buffer is the call's own, so that a thread does not keep its largest batch forever.
-    constexpr size_t kKeptPooledFloats = size_t{1} << 18;  // 1 MiB
-    const size_t pooled_floats = half ? static_cast<size_t>((end - begin) * dim) : 0;
-    thread_local std::vector<float> kept;
     std::vector<float> own;
-    std::vector<float>& pooled = pooled_floats <= kKeptPooledFloats ? kept : own;
-    if (pooled.size() < pooled_floats) pooled.resize(pooled_floats);
-    float* pooled_data = half ? pooled.data() : static_cast<float*>(out_data) + begin * dim;
+    float* pooled_data = half ? half_sums_buffer(static_cast<size_t>((end - begin) * dim), own)
+                              : static_cast<float*>(out_data) + begin * dim;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
         static_cast<store::PoolingMode>(half && mode == 1 ? 0 : mode), weight_data ? weight_data + base : nullptr,
@@ -320,18 +340,11 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         *p = *p < 0 ? *p : *p + base;
       }
     }
-    for (int64_t b = begin; b < end; ++b) {
-      int64_t count = 0;
-      const int64_t stop = bag_end(b);  // once: bag_of may alias offsets, as far as the compiler knows
-      for (int64_t i = offsets[b]; i < stop; ++i) {
-        bag_of[i] = b;
-        count += static_cast<int64_t>(rows[i]) != padding_row;
-      }
-      size_of[b] = count;
-    }
+    for (int64_t b = begin; b < end; ++b) size_of[b] = assign_bag(b, offsets[b], bag_end(b), rows, padding_row, bag_of);
     if (half) {
       round_pooled_bags(out_type, pooled_data, end - begin, dim, mode == 1 ? size_of + begin : nullptr,
-                        /*ties_away=*/padding_idx < 0, static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
+                        /*ties_away=*/padding_idx < 0,
+                        static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
     }
   };
   // Bags split over threads. A half table's task pools a round of bags at a time, so that their
@@ -339,21 +352,37 @@ void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // whole task's sums afterwards measured 11% of a float16 pooled gather.
   const int64_t round_bags = half && !one_request ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
   at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
-    for (int64_t first = begin; first < end; first += round_bags) pool_bag_range(first, std::min(end, first + round_bags));
+    for (int64_t first = begin; first < end; first += round_bags)
+      pool_bag_range(first, std::min(end, first + round_bags));
   });
 
-  // Shaped as the meta kernel says (torch.compile checks it): unused outside max mode, where it is
-  // [num_bags] when offsets are on the CPU (as CPU's kernel gives) and empty otherwise.
-  const at::Tensor& offsets_arg = arg(args, 2);
-  at::Tensor max_indices = mode == 2 ? at::zeros({num_bags, dim}, at::kLong)
-      : at::zeros({offsets_arg.device().is_cpu() ? num_bags : 0}, at::kLong);
-  if (mode == 2 && rows.size() > 0) {
-    const at::Tensor ids = on_cpu(indices).to(at::kLong);
-    const at::Tensor positions = max_positions.clamp_min(0);
-    max_indices = at::where(max_positions.ge(0), ids.index_select(0, positions.flatten()).view_as(positions), at::zeros_like(positions));
-  }
+  at::Tensor max_indices = max_indices_of(mode, num_bags, dim, arg(args, 2), indices, max_positions, rows.size());
   torch::jit::drop(*stack, n);
   torch::jit::push(*stack, out, offset2bag, bag_size, device::adopt_result(max_indices));
+}
+
+void embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // _embedding_bag[_forward_only](Tensor weight, Tensor indices, Tensor offsets, bool scale_grad_by_freq=False,
+  //   int mode=0, bool sparse=False, Tensor? per_sample_weights=None, bool include_last_offset=False,
+  //   int padding_idx=-1) -> (Tensor, Tensor, Tensor, Tensor)
+  const size_t n = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  const at::Tensor& weight = arg(args, 0);
+  auto first = first_gatherable_row(weight);
+  // The store pools what it pools as CPU's kernel does (store::RowPathTraits::pools_rows); other
+  // tables' rows are gathered and CPU pools them.
+  const bool store_pools =
+      first && weight.dim() == 2 && device::table_block(weight.storage())->table().row_path_traits().pools_rows;
+  if (first && !store_pools && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) &&
+      weight.scalar_type() != at::kFloat) {
+    embedding_bag_of_gathered_rows(op, stack, *first);
+    return;
+  }
+  if (!store_pools) {
+    cpu_fallback(op, stack);
+    return;
+  }
+  embedding_bag_in_store(op, stack, *first);
 }
 
 }  // namespace

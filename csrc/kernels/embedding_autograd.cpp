@@ -37,23 +37,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool updates_in_store(const at::Tensor& weight) {
-  return device::is_table(weight);
-}
+bool updates_in_store(const at::Tensor& weight) { return device::is_table(weight); }
 
-store::TableHandle& table_of(const at::Tensor& weight) {
-  return device::table_block(weight.storage())->table();
-}
+store::TableHandle& table_of(const at::Tensor& weight) { return device::table_block(weight.storage())->table(); }
 
 // The table of `weight`, which must have a fused optimizer to take a gradient.
 store::TableHandle& trained_table(const at::Tensor& weight) {
   store::TableHandle& table = table_of(weight);
-  TORCH_CHECK(
-      table.optimizer().kind != store::OptimizerKind::None,
-      "recdev: this embedding weight is a store table with no fused optimizer, so backward has nowhere to put "
-      "its gradient (a dense gradient would be as large as the whole table). Attach one before training: "
-      "torch_recdev.optim.SGD / Adagrad / RowWiseAdagrad / Adam([weight], lr=...), or "
-      "torch_recdev.optim.apply_optimizer_in_backward(torch.optim.Adagrad, [weight], {\"lr\": ...}).");
+  TORCH_CHECK(table.optimizer().kind != store::OptimizerKind::None,
+              "recdev: this embedding weight is a store table with no fused optimizer, so backward has nowhere to put "
+              "its gradient (a dense gradient would be as large as the whole table). Attach one before training: "
+              "torch_recdev.optim.SGD / Adagrad / RowWiseAdagrad / Adam([weight], lr=...), or "
+              "torch_recdev.optim.apply_optimizer_in_backward(torch.optim.Adagrad, [weight], {\"lr\": ...}).");
   return table;
 }
 
@@ -85,14 +80,12 @@ at::Tensor scale_by_frequency(const at::Tensor& grads, const std::vector<uint64_
 // The gradient of per_sample_weights on a table: the dot product of each
 // id's row with its bag's output gradient (rows gathered in the store, not
 // the whole table); padding ids get zero.
-at::Tensor per_sample_weights_grad(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    const at::Tensor& grad,
-    const at::Tensor& offset2bag,
-    int64_t padding_idx) {
+at::Tensor per_sample_weights_grad(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& grad,
+                                   const at::Tensor& offset2bag, int64_t padding_idx) {
   const at::Tensor rows = device::CpuAccess(gather(weight, *first_gatherable_row(weight), indices, IdRule::EmbeddingBag,
-                                                   "per_sample_weights backward"), "per_sample_weights backward").cpu();
+                                                   "per_sample_weights backward"),
+                                            "per_sample_weights backward")
+                              .cpu();
   const at::Tensor bag_grads = on_cpu(grad).index_select(0, on_cpu(offset2bag).to(at::kLong));
   at::Tensor result = rows.mul(bag_grads).sum(1);
   if (padding_idx >= 0) {
@@ -127,15 +120,12 @@ void drop_padding(std::vector<uint64_t>& rows, at::Tensor& grads, uint64_t first
 }
 
 // embedding's backward on a table: the rows' gradients to the store.
-void table_embedding_backward(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    const at::Tensor& grad,
-    int64_t padding_idx,
-    bool scale_grad_by_freq) {
+void table_embedding_backward(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& grad,
+                              int64_t padding_idx, bool scale_grad_by_freq) {
   const auto first = first_gatherable_row(weight);
   TORCH_CHECK(first.has_value(), "recdev: embedding backward into the store needs a table weight");
-  std::vector<uint64_t> rows = RowIds(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward").to_vector();
+  std::vector<uint64_t> rows =
+      RowIds(indices, weight.size(0), *first, IdRule::Embedding, "embedding backward").to_vector();
   const int64_t row_width = weight.numel() / std::max<int64_t>(weight.size(0), 1);
   at::Tensor grads =
       device::CpuAccess(grad, "embedding backward").cpu().reshape({static_cast<int64_t>(rows.size()), row_width});
@@ -147,13 +137,8 @@ void table_embedding_backward(
 }
 
 struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
-  static at::Tensor forward(
-      AutogradContext* ctx,
-      const at::Tensor& weight,
-      const at::Tensor& indices,
-      int64_t padding_idx,
-      bool scale_grad_by_freq,
-      bool sparse) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
+                            int64_t padding_idx, bool scale_grad_by_freq, bool sparse) {
     ctx->saved_data["weight"] = weight;
     ctx->saved_data["indices"] = indices;
     ctx->saved_data["padding_idx"] = padding_idx;
@@ -173,10 +158,9 @@ struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     if (!updates_in_store(weight)) {
-      return {
-          at::embedding_backward(
-              grad, indices, weight.size(0), padding_idx, scale_grad_by_freq, ctx->saved_data["sparse"].toBool()),
-          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      return {at::embedding_backward(grad, indices, weight.size(0), padding_idx, scale_grad_by_freq,
+                                     ctx->saved_data["sparse"].toBool()),
+              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     table_embedding_backward(weight, indices, grad, padding_idx, scale_grad_by_freq);
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -186,14 +170,9 @@ struct EmbeddingLookup : torch::autograd::Function<EmbeddingLookup> {
 // Per-id gradient rows of an embedding_bag: row p gets the gradient of its
 // bag, scaled as the mode pooled it (for the bags the store cannot take as
 // bag gradients: max, and scale_grad_by_freq).
-at::Tensor bag_row_grads(
-    const at::Tensor& grad,
-    const at::Tensor& offset2bag,
-    const at::Tensor& bag_size,
-    const at::Tensor& max_indices,
-    const at::Tensor& ids,
-    const at::Tensor& per_sample_weights,
-    int64_t mode) {
+at::Tensor bag_row_grads(const at::Tensor& grad, const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                         const at::Tensor& max_indices, const at::Tensor& ids, const at::Tensor& per_sample_weights,
+                         int64_t mode) {
   const at::Tensor bag = offset2bag.to(at::kLong);
   at::Tensor rows = grad.index_select(0, bag);
   if (mode == 0 && per_sample_weights.defined()) {
@@ -203,7 +182,7 @@ at::Tensor bag_row_grads(
   } else if (mode == 2) {
     // Each (bag, element) maximum came from the first position in its bag
     // holding the max row; only that position gets the element's gradient.
-    const at::Tensor winners = max_indices.index_select(0, bag); // [n, dim] row ids
+    const at::Tensor winners = max_indices.index_select(0, bag);  // [n, dim] row ids
     at::Tensor first_in_bag = at::ones({ids.numel()}, at::kBool);
     const int64_t* id = ids.const_data_ptr<int64_t>();
     const int64_t* b = bag.const_data_ptr<int64_t>();
@@ -224,48 +203,31 @@ at::Tensor bag_row_grads(
 // ids itself while it sums duplicates, so no gradient row per id is
 // written out here (a quarter of the bytes at bags of 4, and no more as bags
 // grow).
-void update_from_bag_grads(
-    const at::Tensor& weight,
-    uint64_t first_row,
-    const std::vector<uint64_t>& rows,
-    const at::Tensor& offsets,
-    const at::Tensor& grad,
-    const at::Tensor& per_sample_weights,
-    int64_t mode,
-    bool include_last_offset,
-    int64_t padding_idx) {
+void update_from_bag_grads(const at::Tensor& weight, uint64_t first_row, const std::vector<uint64_t>& rows,
+                           const at::Tensor& offsets, const at::Tensor& grad, const at::Tensor& per_sample_weights,
+                           int64_t mode, bool include_last_offset, int64_t padding_idx) {
   store::TableHandle& table = trained_table(weight);
   // In the table's type, as update's gradients (a half table's already are: no conversion).
-  const at::Tensor bag_grads = device::CpuAccess(grad, "embedding_bag backward")
-                                   .cpu()
-                                   .to(device::scalar_type_of(table.dtype()))
-                                   .contiguous();
+  const at::Tensor bag_grads =
+      device::CpuAccess(grad, "embedding_bag backward").cpu().to(device::scalar_type_of(table.dtype())).contiguous();
   const at::Tensor bag_offsets = on_cpu(offsets).to(at::kLong).contiguous();
   const at::Tensor weights =
       per_sample_weights.defined() ? on_cpu(per_sample_weights).to(at::kFloat).contiguous() : at::Tensor();
-  table.update_pooled(
-      rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(), static_cast<size_t>(bag_grads.size(0)),
-      static_cast<store::PoolingMode>(mode), weights.defined() ? weights.const_data_ptr<float>() : nullptr,
-      include_last_offset, padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx,
-      bag_grads.const_data_ptr());
+  table.update_pooled(rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(),
+                      static_cast<size_t>(bag_grads.size(0)), static_cast<store::PoolingMode>(mode),
+                      weights.defined() ? weights.const_data_ptr<float>() : nullptr, include_last_offset,
+                      padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx, bag_grads.const_data_ptr());
 }
 
 // _embedding_bag's backward on a table: each id's share of its bag's gradient to the store. With the
 // bags' offsets (eager autograd has them; the compiled op's schema does not), sum and mean bags take
 // update_from_bag_grads; max bags, scale_grad_by_freq and the compiled op expand a row per id.
-void table_embedding_bag_backward_core(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    const at::Tensor& grad,
-    const at::Tensor& offset2bag,
-    const at::Tensor& bag_size,
-    const at::Tensor& max_indices,
-    const std::optional<at::Tensor>& per_sample_weights,
-    int64_t mode,
-    bool scale_grad_by_freq,
-    int64_t padding_idx,
-    const at::Tensor& offsets,
-    bool include_last_offset) {
+void table_embedding_bag_backward_core(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& grad,
+                                       const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                                       const at::Tensor& max_indices,
+                                       const std::optional<at::Tensor>& per_sample_weights, int64_t mode,
+                                       bool scale_grad_by_freq, int64_t padding_idx, const at::Tensor& offsets,
+                                       bool include_last_offset) {
   const auto first = first_gatherable_row(weight);
   TORCH_CHECK(first.has_value(), "recdev: embedding_bag backward into the store needs a table weight");
   std::vector<uint64_t> rows =
@@ -273,15 +235,15 @@ void table_embedding_bag_backward_core(
   const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
   // The store takes the bag gradients of float32 tables, and of the embedded store's half ones
   // (TableHandle::pools_gradients); other tables expand a row per id.
-  if (offsets.defined() && mode != 2 && !scale_grad_by_freq && table_of(weight).pools_gradients()) {
+  if (offsets.defined() && mode != 2 && !scale_grad_by_freq && table_of(weight).row_path_traits().pools_gradients) {
     update_from_bag_grads(weight, *first, rows, offsets, grad, weighted ? *per_sample_weights : at::Tensor(), mode,
                           include_last_offset, padding_idx);
     return;
   }
   const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
-  at::Tensor grads = bag_row_grads(
-      device::CpuAccess(grad, "embedding_bag backward").cpu(), on_cpu(offset2bag), on_cpu(bag_size),
-      on_cpu(max_indices), ids, weighted ? on_cpu(*per_sample_weights) : at::Tensor(), mode);
+  at::Tensor grads =
+      bag_row_grads(device::CpuAccess(grad, "embedding_bag backward").cpu(), on_cpu(offset2bag), on_cpu(bag_size),
+                    on_cpu(max_indices), ids, weighted ? on_cpu(*per_sample_weights) : at::Tensor(), mode);
   if (scale_grad_by_freq) {
     grads = scale_by_frequency(grads, rows);
   }
@@ -290,39 +252,25 @@ void table_embedding_bag_backward_core(
 }
 
 // The compiled graphs' op (registered below).
-void table_embedding_bag_backward(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    const at::Tensor& grad,
-    const at::Tensor& offset2bag,
-    const at::Tensor& bag_size,
-    const at::Tensor& max_indices,
-    const std::optional<at::Tensor>& per_sample_weights,
-    int64_t mode,
-    bool scale_grad_by_freq,
-    int64_t padding_idx) {
-  table_embedding_bag_backward_core(weight, indices, grad, offset2bag, bag_size, max_indices, per_sample_weights,
-                                    mode, scale_grad_by_freq, padding_idx, at::Tensor(), false);
+void table_embedding_bag_backward(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& grad,
+                                  const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                                  const at::Tensor& max_indices, const std::optional<at::Tensor>& per_sample_weights,
+                                  int64_t mode, bool scale_grad_by_freq, int64_t padding_idx) {
+  table_embedding_bag_backward_core(weight, indices, grad, offset2bag, bag_size, max_indices, per_sample_weights, mode,
+                                    scale_grad_by_freq, padding_idx, at::Tensor(), false);
 }
 
 struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
-  static variable_list forward(
-      AutogradContext* ctx,
-      const at::Tensor& weight,
-      const at::Tensor& indices,
-      const at::Tensor& offsets,
-      bool scale_grad_by_freq,
-      int64_t mode,
-      bool sparse,
-      const std::optional<at::Tensor>& per_sample_weights,
-      bool include_last_offset,
-      int64_t padding_idx) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& indices,
+                               const at::Tensor& offsets, bool scale_grad_by_freq, int64_t mode, bool sparse,
+                               const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+                               int64_t padding_idx) {
     at::Tensor out, offset2bag, bag_size, max_indices;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      std::tie(out, offset2bag, bag_size, max_indices) = at::_embedding_bag(
-          weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
-          padding_idx);
+      std::tie(out, offset2bag, bag_size, max_indices) =
+          at::_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                             include_last_offset, padding_idx);
     }
     ctx->save_for_backward(
         {weight, indices, offsets, per_sample_weights.value_or(at::Tensor()), offset2bag, bag_size, max_indices});
@@ -345,8 +293,9 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
     at::Tensor grad_per_sample_weights;
     if (per_sample_weights.defined() && ctx->needs_input_grad(3)) {  // edges: weight, indices, offsets, weights
       grad_per_sample_weights = updates_in_store(weight)
-          ? per_sample_weights_grad(weight, indices, grad, offset2bag, padding_idx)
-          : at::_embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx);
+                                    ? per_sample_weights_grad(weight, indices, grad, offset2bag, padding_idx)
+                                    : at::_embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets,
+                                                                                     offset2bag, mode, padding_idx);
     }
     if (!ctx->needs_input_grad(0)) {
       return {{}, {}, {}, {}, {}, {}, grad_per_sample_weights, {}, {}};
@@ -367,30 +316,20 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
   }
 };
 
-at::Tensor embedding_autograd(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    c10::SymInt padding_idx,
-    bool scale_grad_by_freq,
-    bool sparse) {
+at::Tensor embedding_autograd(const at::Tensor& weight, const at::Tensor& indices, c10::SymInt padding_idx,
+                              bool scale_grad_by_freq, bool sparse) {
   return EmbeddingLookup::apply(weight, indices, padding_idx.expect_int(), scale_grad_by_freq, sparse);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autograd(
-    const at::Tensor& weight,
-    const at::Tensor& indices,
-    const at::Tensor& offsets,
-    bool scale_grad_by_freq,
-    int64_t mode,
-    bool sparse,
-    const std::optional<at::Tensor>& per_sample_weights,
-    bool include_last_offset,
+    const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool scale_grad_by_freq,
+    int64_t mode, bool sparse, const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
     int64_t padding_idx) {
   // An absent (or undefined) tensor must not be a Function input.
   const std::optional<at::Tensor> weights =
       per_sample_weights.has_value() && per_sample_weights->defined() ? per_sample_weights : std::nullopt;
-  const auto outs = EmbeddingBagLookup::apply(
-      weight, indices, offsets, scale_grad_by_freq, mode, sparse, weights, include_last_offset, padding_idx);
+  const auto outs = EmbeddingBagLookup::apply(weight, indices, offsets, scale_grad_by_freq, mode, sparse, weights,
+                                              include_last_offset, padding_idx);
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 

@@ -19,11 +19,11 @@
 //      a fresh CPU tensor is adopted by a recdev storage (zero copy), or
 //      copied into a table when the placement rules say so.
 
+#include "fallback.h"
 #include "device/cpu_view.h"
 #include "device/generator.h"
 #include "device/placement.h"
 #include "device/table_window.h"
-#include "fallback.h"
 
 #include <ATen/SparseTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -44,14 +44,14 @@ struct MutatedArgument {
   at::Tensor cpu;
   const c10::StorageImpl* cpu_storage_before;
   size_t nbytes_before;
-  const device::TableWindow* window; // null for host storage
+  const device::TableWindow* window;  // null for host storage
 };
 
 // A CPU storage standing for (part of) a recdev storage during the call.
 struct StorageLink {
   const c10::StorageImpl* cpu;
   c10::Storage recdev;
-  uint64_t byte_shift; // where the CPU bytes start in the recdev storage
+  uint64_t byte_shift;  // where the CPU bytes start in the recdev storage
 };
 
 class FallbackCall {
@@ -115,20 +115,18 @@ bool is_generator(const c10::Argument& arg) {
 bool is_index_argument(const c10::Argument& arg, const at::Tensor& t) {
   const std::string& name = arg.name();
   return (name == "indices" || name == "index" || name == "offsets") &&
-      c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+         c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
 }
 
 bool is_layout(const c10::Argument& arg) {
-  c10::TypePtr type = arg.real_type(); // type() says int: layouts travel as ints
+  c10::TypePtr type = arg.real_type();  // type() says int: layouts travel as ints
   if (auto optional = type->cast<c10::OptionalType>()) {
     type = optional->getElementType();
   }
   return type->kind() == c10::TypeKind::LayoutType;
 }
 
-bool is_write(const c10::Argument& arg) {
-  return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-}
+bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
 
 at::Tensor FallbackCall::sparse_to_cpu(const at::Tensor& t, const c10::Argument& arg) {
   saw_sparse = true;
@@ -136,8 +134,8 @@ at::Tensor FallbackCall::sparse_to_cpu(const at::Tensor& t, const c10::Argument&
     return t;
   }
   const at::SparseTensorImpl* impl = sparse_impl(t);
-  at::Tensor cpu = make_sparse(
-      c10::DispatchKey::SparseCPU, t, to_cpu(impl->indices(), arg, false), to_cpu(impl->values(), arg, false));
+  at::Tensor cpu = make_sparse(c10::DispatchKey::SparseCPU, t, to_cpu(impl->indices(), arg, false),
+                               to_cpu(impl->values(), arg, false));
   if (is_write(arg)) {
     sparse_mutated_.emplace_back(t, cpu);
   }
@@ -209,7 +207,7 @@ void FallbackCall::convert_arguments(torch::jit::Stack& stack) {
         }
       }
     } else if (is_layout(arg) && value.isInt() && value.toInt() == static_cast<int64_t>(c10::kSparse)) {
-      saw_sparse = true; // a sparse factory: its CPU kernel is SparseCPU's
+      saw_sparse = true;  // a sparse factory: its CPU kernel is SparseCPU's
     } else if (value.isDevice() && value.toDevice().is_privateuseone()) {
       saw_recdev_ = true;
       value = c10::IValue(c10::Device(c10::kCPU));
@@ -222,14 +220,10 @@ void FallbackCall::convert_arguments(torch::jit::Stack& stack) {
     }
   }
   if (saw_recdev_ && cpu_argument_) {
-    TORCH_CHECK(
-        false,
-        "Expected all tensors to be on the same device, but got ",
-        *cpu_argument_,
-        " is on cpu, different from other tensors on recdev:0 (when checking "
-        "argument in method ",
-        op_.schema().operator_name(),
-        "). Move it with .to('recdev') or move the others with .cpu().");
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", *cpu_argument_,
+                " is on cpu, different from other tensors on recdev:0 (when checking "
+                "argument in method ",
+                op_.schema().operator_name(), "). Move it with .to('recdev') or move the others with .cpu().");
   }
 }
 
@@ -260,12 +254,9 @@ void FallbackCall::sync_mutated_arguments() {
     const bool same_storage = m.cpu.storage().unsafeGetStorageImpl() == m.cpu_storage_before;
     const bool same_geometry = m.cpu.sizes() == m.recdev.sizes() && m.cpu.strides() == m.recdev.strides();
     if (m.window != nullptr) {
-      TORCH_CHECK(
-          same_storage && same_geometry,
-          "recdev: ",
-          op_.schema().operator_name(),
-          " would resize an output on table storage; tables have a fixed size. "
-          "Pass an output of the right shape.");
+      TORCH_CHECK(same_storage && same_geometry, "recdev: ", op_.schema().operator_name(),
+                  " would resize an output on table storage; tables have a fixed size. "
+                  "Pass an output of the right shape.");
       m.window->write_back();
       continue;
     }
@@ -293,7 +284,7 @@ at::Tensor FallbackCall::to_recdev(const at::Tensor& t) {
   }
   for (const MutatedArgument& m : mutated_) {
     if (m.cpu.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-      return m.recdev; // in-place and out= return their argument itself
+      return m.recdev;  // in-place and out= return their argument itself
     }
   }
   const StorageLink& link = link_for(t);
@@ -322,30 +313,25 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.convert_arguments(*stack);
   // Sparse arguments need the SparseCPU kernel, which handles dense ones too.
   const c10::DispatchKeySet cpu_keys = call.saw_sparse
-      ? c10::DispatchKeySet({c10::DispatchKey::SparseCPU, c10::DispatchKey::CPU})
-      : c10::DispatchKeySet(c10::DispatchKey::CPU);
+                                           ? c10::DispatchKeySet({c10::DispatchKey::SparseCPU, c10::DispatchKey::CPU})
+                                           : c10::DispatchKeySet(c10::DispatchKey::CPU);
   op.redispatchBoxed(cpu_keys, stack);
   call.sync_mutated_arguments();
   call.convert_returns(*stack);
 }
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
-}
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>()); }
 
 // Sparse COO tensors on recdev (the gradients of nn.Embedding(sparse=True) on
 // host storage): indices and values are recdev host tensors, and every op
 // runs as the SparseCPU kernel on CPU twins of them. Each op with a SparseCPU
 // kernel is registered for SparsePrivateUse1 by name, because many also have
 // a CompositeExplicitAutograd kernel, which would win over a fallback.
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
-}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>()); }
 
 namespace {
 const bool sparse_ops_registered = [] {
-  static torch::Library library(
-      torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
+  static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     auto op = c10::Dispatcher::singleton().findOp(name);
     if (name.name.rfind("aten::", 0) == 0 && op && op->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU) &&

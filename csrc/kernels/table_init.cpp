@@ -21,7 +21,7 @@ namespace {
 
 bool covers_whole_table(const at::Tensor& t) {
   return t.storage_offset() == 0 && t.is_contiguous() &&
-      static_cast<uint64_t>(t.numel()) * t.element_size() == device::table_block(t.storage())->nbytes;
+         static_cast<uint64_t>(t.numel()) * t.element_size() == device::table_block(t.storage())->nbytes;
 }
 
 std::optional<at::Generator> generator_arg(const c10::IValue& v) {
@@ -33,10 +33,8 @@ std::optional<at::Generator> generator_arg(const c10::IValue& v) {
 // values in float32 and converts them to the table's type
 // (store/element_type.h), so a constant of another type takes this path
 // only if float32 holds it exactly.
-std::optional<store::InitRule> rule_for(
-    const c10::OperatorHandle& op,
-    c10::ArrayRef<c10::IValue> args,
-    c10::ScalarType dtype) {
+std::optional<store::InitRule> rule_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                        c10::ScalarType dtype) {
   const std::string& name = op.schema().name();
   const bool is_float = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble;
   if (name == "aten::fill_" && is_float && args[1].isScalar()) {
@@ -46,13 +44,12 @@ std::optional<store::InitRule> rule_for(
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fill_", [&] { (void)value.to<scalar_t>(); });
   }
   store::InitRule rule;
-  if (name == "aten::zero_" ||
-      (name == "aten::fill_" && args[1].isScalar() && args[1].toScalar().toDouble() == 0.0 &&
-       !std::signbit(args[1].toScalar().toDouble()))) {
+  if (name == "aten::zero_" || (name == "aten::fill_" && args[1].isScalar() && args[1].toScalar().toDouble() == 0.0 &&
+                                !std::signbit(args[1].toScalar().toDouble()))) {
     rule.kind = store::InitKind::Zero;
   } else if (name == "aten::fill_" && is_float && args[1].isScalar() &&
-             (dtype == at::kFloat ||
-              static_cast<double>(static_cast<float>(args[1].toScalar().toDouble())) == args[1].toScalar().toDouble())) {
+             (dtype == at::kFloat || static_cast<double>(static_cast<float>(args[1].toScalar().toDouble())) ==
+                                         args[1].toScalar().toDouble())) {
     rule.kind = store::InitKind::Constant;
     rule.a = static_cast<float>(args[1].toScalar().toDouble());
   } else if (name == "aten::normal_" && is_float) {
@@ -65,8 +62,8 @@ std::optional<store::InitRule> rule_for(
     rule.kind = store::InitKind::Uniform;
     rule.a = args[1].toDouble();
     rule.b = args[2].toDouble();
-    TORCH_CHECK(
-        rule.a <= rule.b, "uniform_ expects to return a [from, to) range, but found from=", rule.a, " > to=", rule.b);
+    TORCH_CHECK(rule.a <= rule.b, "uniform_ expects to return a [from, to) range, but found from=", rule.a,
+                " > to=", rule.b);
     rule.seed = device::draw_op_seed(generator_arg(args[3]));
   } else {
     return std::nullopt;

@@ -7,8 +7,8 @@
 #include "store/table_handle.h"
 
 #include <ATen/EmptyTensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 namespace recdev::kernels {
 
@@ -28,9 +28,7 @@ std::optional<uint64_t> first_gatherable_row(const at::Tensor& weight) {
 }
 
 // The bytes of an index or weight tensor (read only) as CPU.
-at::Tensor on_cpu(const at::Tensor& t) {
-  return device::CpuAccess(t, "reading lookup indices").cpu();
-}
+at::Tensor on_cpu(const at::Tensor& t) { return device::CpuAccess(t, "reading lookup indices").cpu(); }
 
 namespace {
 
@@ -46,14 +44,10 @@ bool all_in_range(const int64_t* ids, size_t count, int64_t num_rows) {
 }  // namespace
 
 RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, IdRule rule, const char* op) {
-  TORCH_CHECK(
-      indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
-      "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
-      "but got ",
-      indices.toString(),
-      " instead (while checking arguments for ",
-      op,
-      ")");
+  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
+              "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+              "but got ",
+              indices.toString(), " instead (while checking arguments for ", op, ")");
   const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
   const int64_t* data = ids.const_data_ptr<int64_t>();
   size_ = static_cast<size_t>(ids.numel());
@@ -67,18 +61,14 @@ RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, 
   for (size_t i = 0; i < size_; ++i) {
     int64_t id = data[i];
     switch (rule) {
-      case IdRule::Embedding:
-        TORCH_CHECK_INDEX(id >= 0 && id < num_rows, "index out of range in self");
-        break;
+      case IdRule::Embedding: TORCH_CHECK_INDEX(id >= 0 && id < num_rows, "index out of range in self"); break;
       case IdRule::EmbeddingBag:
-        TORCH_CHECK(
-            id >= 0 && id < num_rows,
-            "Index ", i, " of input takes value ", id, " which is not in the valid range [0, ", num_rows, ")");
+        TORCH_CHECK(id >= 0 && id < num_rows, "Index ", i, " of input takes value ", id,
+                    " which is not in the valid range [0, ", num_rows, ")");
         break;
       case IdRule::Indexing:
-        TORCH_CHECK_INDEX(
-            id >= -num_rows && id < num_rows,
-            "index ", id, " is out of bounds for dimension 0 with size ", num_rows);
+        TORCH_CHECK_INDEX(id >= -num_rows && id < num_rows, "index ", id,
+                          " is out of bounds for dimension 0 with size ", num_rows);
         id = id < 0 ? id + num_rows : id;
         break;
     }
@@ -88,24 +78,21 @@ RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, 
 }
 
 at::Tensor empty_host(c10::IntArrayRef size, c10::ScalarType dtype) {
-  return at::detail::empty_generic(
-      size, &device::host_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
+  return at::detail::empty_generic(size, &device::host_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   dtype, std::nullopt);
 }
 
 // weight[ids] for a gatherable table view: ids.shape + weight.shape[1:].
-at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor& indices, IdRule rule, const char* op) {
+at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor& indices, IdRule rule,
+                  const char* op) {
   const RowIds rows(indices, weight.size(0), first_row, rule, op);
   std::vector<int64_t> size = indices.sizes().vec();
   size.insert(size.end(), weight.sizes().begin() + 1, weight.sizes().end());
   at::Tensor out = empty_host(size, weight.scalar_type());
   store::TableHandle& table = device::table_block(weight.storage())->table();
   float* dst = static_cast<float*>(device::cpu_view(out).data_ptr());
-  const size_t words = table.dim();
-  // The table is safe for concurrent readers: split the batch over threads (table_handle.h,
-  // in_process). But one request for the whole batch to a table with a policy, whose store decides
-  // each request's touches once (and spreads the reading over threads itself): the backward's update
-  // of the same ids is then seen as a repeat of the lookup (table_policy.h).
-  const bool one_request = !table.in_process() || table.policy().active();
+  const size_t words = table.row_words();
+  const bool one_request = table.row_path_traits().one_request_per_batch;
   const int64_t rows_per_task = one_request ? std::max<int64_t>(1, rows.size()) : kRowsPerTask;
   at::parallel_for(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
     table.gather(rows.data() + begin, static_cast<size_t>(end - begin), dst + static_cast<size_t>(begin) * words);

@@ -1,12 +1,14 @@
-// The torch_recdev._C extension module: the few entry points Python needs
-// that the dispatcher does not already expose, the store's test binding and the server's binding.
+// The torch_recdev._C extension module: the few entry points Python needs that the dispatcher does
+// not already expose, StoreFullError, and the stats client of a recdev-server. Test-only bindings live
+// in torch_recdev._testing (testing/module.cpp).
 
 #include "device/generator.h"
 #include "device/host_block_cache.h"
 #include "device/placement.h"
 #include "device/table_storage.h"
+#include "python/optimizer_binding.h"
 #include "python/server_binding.h"
-#include "python/store_binding.h"
+#include "python/store_errors.h"
 #include "python/table_api.h"
 #include "python/table_policy_binding.h"
 #include "python/table_serialization.h"
@@ -43,12 +45,9 @@ PlacementOverride parse_placement(const std::string& name) {
 
 std::string placement_name(PlacementOverride p) {
   switch (p) {
-    case PlacementOverride::Host:
-      return "host";
-    case PlacementOverride::Table:
-      return "table";
-    case PlacementOverride::None:
-      break;
+    case PlacementOverride::Host: return "host";
+    case PlacementOverride::Table: return "table";
+    case PlacementOverride::None: break;
   }
   return "auto";
 }
@@ -92,7 +91,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_max_fallback_bytes", &device::max_fallback_bytes);
   m.def("_set_max_fallback_bytes", &device::set_max_fallback_bytes);
   m.def("_placement", [] { return python::placement_name(device::placement_override()); });
-  m.def("_set_placement", [](const std::string& name) { device::set_placement_override(python::parse_placement(name)); });
+  m.def("_set_placement",
+        [](const std::string& name) { device::set_placement_override(python::parse_placement(name)); });
   m.def("_is_table", &device::is_table);
   // Freed memory kept for reuse: host blocks, and the empty regions of the store's chunk pool.
   m.def("_empty_cache", [] {
@@ -102,8 +102,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &python::table_stats);
   m.def("_store_kernel_capability", &recdev::store::store_kernel_capability);
+  python::bind_optimizer_config(m);
   python::bind_table_api(m);
   python::bind_table_serialization(m);
-  python::bind_store(m);
-  python::bind_server(m);
+  python::bind_store_errors(m, python::ErrorScope::Global);
+  python::bind_server_stats(m);
 }

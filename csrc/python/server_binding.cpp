@@ -1,4 +1,4 @@
-// StoreErrors reach Python through the store binding's translator (store_binding.cpp).
+// StoreErrors reach Python through _C's translator (store_errors.h).
 #include "python/server_binding.h"
 
 #include <pybind11/stl.h>
@@ -13,12 +13,9 @@ namespace recdev::python {
 
 using namespace recdev::net;  // the client these bindings expose
 
-void bind_server(py::module_& m) {
-  py::module_ s = m.def_submodule("_server", "recdev-server's protocol constants and its stats client.");
-  s.attr("PROTOCOL_VERSION") = kProtocolVersion;
-  s.attr("MAX_PAYLOAD_BYTES") = kMaxPayloadBytes;
-  s.def(
-      "server_stats",
+void bind_server_stats(py::module_& m) {
+  m.def(
+      "_server_stats",
       [](const std::string& address, const std::string& token, double timeout_seconds) {
         ServerStats stats;
         {
@@ -56,8 +53,7 @@ void bind_server(py::module_& m) {
         d["table_counters"] = tables;
         return d;
       },
-      py::arg("address"), py::arg("token") = "", py::arg("timeout") = 10.0,
-      "The STATS of one server, as a dict.");
+      py::arg("address"), py::arg("token") = "", py::arg("timeout") = 10.0, "The STATS of one server, as a dict.");
 }
 
 }  // namespace recdev::python

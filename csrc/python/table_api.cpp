@@ -5,9 +5,9 @@
 #include "device/table_storage.h"
 
 #include "net/client/remote_store.h"
-#include "net/client/sync_step.h"
 #include "python/table_policy_binding.h"
 #include "store/deferred_table.h"
+#include "store/sync_steps.h"
 #include "store/table_handle.h"
 
 #include <ATen/ops/empty.h>
@@ -15,7 +15,6 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
-#include <map>
 
 namespace recdev::python {
 
@@ -34,9 +33,8 @@ store::TableHandle& table_of(const at::Tensor& t, const char* what) {
 // every key in [0, rows).
 std::vector<uint64_t> keys_of(const at::Tensor& keys, const store::TableHandle& table, const char* what) {
   if (keys.dim() != 1 || (keys.scalar_type() != at::kLong && keys.scalar_type() != at::kUInt64)) {
-    throw py::type_error(
-        std::string(what) + ": keys must be a 1-D int64 or uint64 tensor of row ids; got " + keys.toString() +
-        " of shape " + c10::str(keys.sizes()));
+    throw py::type_error(std::string(what) + ": keys must be a 1-D int64 or uint64 tensor of row ids; got " +
+                         keys.toString() + " of shape " + c10::str(keys.sizes()));
   }
   const at::Tensor cpu = keys.to(at::kCPU).contiguous();
   const uint64_t* data = static_cast<const uint64_t*>(cpu.const_data_ptr());
@@ -62,7 +60,7 @@ c10::ScalarType dtype_of(const store::TableHandle& table, const char* what) {
 }
 
 int64_t row_width(const store::TableHandle& table) {
-  return static_cast<int64_t>(uint64_t{table.dim()} * 4 / store::element_bytes(table.dtype()));
+  return static_cast<int64_t>(uint64_t{table.row_words()} * 4 / store::element_bytes(table.dtype()));
 }
 
 // Rows given for `n` keys: a [n, dim] tensor of the table's dtype, as contiguous CPU. Never
@@ -72,11 +70,10 @@ at::Tensor rows_of(const at::Tensor& values, size_t n, const store::TableHandle&
   const c10::ScalarType dtype = dtype_of(table, what);
   if (values.scalar_type() != dtype || values.dim() != 2 || values.size(0) != static_cast<int64_t>(n) ||
       values.size(1) != dim) {
-    throw py::value_error(
-        std::string(what) + ": expected " + store::element_type_name(table.dtype()) + " rows of shape [" +
-        std::to_string(n) + ", " +
-        std::to_string(dim) + "] (one per key, the table's dtype); got " + values.toString() + " of shape " +
-        c10::str(values.sizes()));
+    throw py::value_error(std::string(what) + ": expected " + store::element_type_name(table.dtype()) +
+                          " rows of shape [" + std::to_string(n) + ", " + std::to_string(dim) +
+                          "] (one per key, the table's dtype); got " + values.toString() + " of shape " +
+                          c10::str(values.sizes()));
   }
   return values.to(at::kCPU).contiguous();
 }
@@ -96,51 +93,20 @@ store::InitRule rule_of(const std::string& kind, double a, double b) {
   return rule;
 }
 
-store::OptimizerKind parse_optimizer(const std::string& name) {
-  if (name == "sgd") return store::OptimizerKind::SGD;
-  if (name == "adagrad") return store::OptimizerKind::Adagrad;
-  if (name == "rowwise_adagrad") return store::OptimizerKind::RowWiseAdagrad;
-  if (name == "adam") return store::OptimizerKind::Adam;
-  throw py::value_error("unknown optimizer '" + name + "'; choose sgd, adagrad, rowwise_adagrad or adam");
-}
-
-store::OptimizerConfig optimizer_config(const std::string& kind, const std::map<std::string, double>& hp) {
-  store::OptimizerConfig config;
-  config.kind = parse_optimizer(kind);
-  for (const auto& [key, value] : hp) {
-    if (key == "lr") config.lr = value;
-    else if (key == "weight_decay") config.weight_decay = value;
-    else if (key == "eps") config.eps = value;
-    else if (key == "lr_decay") config.lr_decay = value;
-    else if (key == "initial_accumulator_value") config.initial_accumulator_value = value;
-    else if (key == "beta1") config.beta1 = value;
-    else if (key == "beta2") config.beta2 = value;
-    else if (key == "stochastic_rounding") config.stochastic_rounding = value != 0;
-    else if (key == "rounding_seed") {
-      // Drawn below 2^53 by torch_recdev.optim, so exact in a double.
-      if (!(value >= 0 && value < 0x1p53) || value != std::floor(value)) {
-        throw py::value_error("rounding_seed must be an integer in [0, 2**53)");
-      }
-      config.rounding_seed = uint64_t(value);
-    }
-    else throw py::value_error("unknown optimizer hyperparameter '" + key + "'");
-  }
-  return config;
-}
-
 // A named table as declared (store::TableDeclaration): `init` is (kind, a, b) or None, `optimizer`
-// (kind, hyperparameters) or None.
+// an OptimizerConfig or None; declares_rounding: whether the declaration names stochastic_rounding.
 at::Tensor declare_table(const std::string& name, int64_t num_embeddings, int64_t embedding_dim,
                          const std::optional<std::tuple<std::string, double, double>>& init,
-                         const std::optional<std::pair<std::string, std::map<std::string, double>>>& optimizer,
-                         bool reset, c10::ScalarType dtype) {
+                         const std::optional<store::OptimizerConfig>& optimizer, bool declares_rounding, bool reset,
+                         c10::ScalarType dtype) {
   if (num_embeddings <= 0 || embedding_dim <= 0) {
     throw py::value_error("init_embedding_table: num_embeddings and embedding_dim must be positive");
   }
   const store::ElementType type = element_type_of(dtype);
   if (type == store::ElementType::Bytes) {
     throw py::type_error(std::string("init_embedding_table: dtype must be torch.float32, float16, bfloat16 or "
-                                     "float64; got ") + c10::toString(dtype));
+                                     "float64; got ") +
+                         c10::toString(dtype));
   }
   const int64_t element = static_cast<int64_t>(store::element_bytes(type));
   if (embedding_dim * element % 4 != 0) {
@@ -156,15 +122,15 @@ at::Tensor declare_table(const std::string& name, int64_t num_embeddings, int64_
   }
   store::TableDeclaration declaration;
   declaration.config.num_rows = static_cast<uint64_t>(num_embeddings);
-  declaration.config.dim = static_cast<uint32_t>(embedding_dim * element / 4);
+  declaration.config.row_words = static_cast<uint32_t>(embedding_dim * element / 4);
   declaration.config.dtype = type;
   if (init) {
     declaration.config.init = rule_of(std::get<0>(*init), std::get<1>(*init), std::get<2>(*init));
     declaration.declares_init = true;
   }
   if (optimizer) {
-    declaration.optimizer = optimizer_config(optimizer->first, optimizer->second);
-    declaration.declares_rounding = optimizer->second.count("stochastic_rounding") != 0;
+    declaration.optimizer = *optimizer;
+    declaration.declares_rounding = declares_rounding;
   }
   declaration.reset = reset;
   std::shared_ptr<store::StoreClient> client = current_store();
@@ -174,8 +140,8 @@ at::Tensor declare_table(const std::string& name, int64_t num_embeddings, int64_
     table = client->declare(name, declaration);
   }
   const store::TableConfig config = declaration.config;
-  c10::Storage storage =
-      wrap_table(std::move(table), std::move(client), config.num_rows * config.dim * 4, config.dim * 4, false);
+  c10::Storage storage = wrap_table(std::move(table), std::move(client), config.num_rows * config.row_words * 4,
+                                    config.row_words * 4, false);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous({num_embeddings, embedding_dim});
@@ -192,10 +158,10 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
   // A row's float32 init values converted to the table's type, as the store makes them.
   const uint32_t elements = store::row_elements(config);
   std::vector<float> values(elements);
-  std::vector<float> rows(ids.size() * config.dim);
+  std::vector<float> rows(ids.size() * config.row_words);
   for (size_t i = 0; i < ids.size(); ++i) {
     store::fill_row(rule, table.init_stream(), ids[i], elements, config.num_rows, values.data());
-    store::store_init_values(config.dtype, values.data(), rows.data() + i * config.dim, elements);
+    store::store_init_values(config.dtype, values.data(), rows.data() + i * config.row_words, elements);
   }
   py::gil_scoped_release no_gil;
   table.write(ids.data(), ids.size(), rows.data());
@@ -240,8 +206,8 @@ void erase(const at::Tensor& t, const at::Tensor& keys) {
   table.erase(ids.data(), ids.size());
 }
 
-void set_optimizer(const at::Tensor& t, const std::string& kind, const std::map<std::string, double>& hp) {
-  table_of(t, "set_optimizer").set_optimizer(optimizer_config(kind, hp));
+void set_optimizer(const at::Tensor& t, const store::OptimizerConfig& config) {
+  table_of(t, "set_optimizer").set_optimizer(config);
 }
 
 const char* init_kind_name(store::InitKind kind) {
@@ -255,41 +221,18 @@ const char* init_kind_name(store::InitKind kind) {
   return "unknown";
 }
 
-// What a table would be declared as (share_tables): its init rule as (kind, a, b) and its optimizer as
-// (kind, hyperparameters), or None without one; the inverse of declare_table's arguments.
+// What a table would be declared as (share_tables): its init rule as (kind, a, b) and its optimizer (an
+// OptimizerConfig), or None without one; the inverse of declare_table's arguments.
 py::tuple table_declaration(const at::Tensor& t) {
   store::TableHandle& table = table_of(t, "table_declaration");
   const store::InitRule init = table.config().init;
   const store::OptimizerConfig optimizer = table.optimizer();
-  py::object fused = py::none();
-  static const std::map<store::OptimizerKind, const char*> kinds = {
-      {store::OptimizerKind::SGD, "sgd"},
-      {store::OptimizerKind::Adagrad, "adagrad"},
-      {store::OptimizerKind::RowWiseAdagrad, "rowwise_adagrad"},
-      {store::OptimizerKind::Adam, "adam"}};
-  if (const auto kind = kinds.find(optimizer.kind); kind != kinds.end()) {
-    std::map<std::string, double> hp = {{"lr", optimizer.lr}};
-    if (optimizer.kind != store::OptimizerKind::Adam) hp["weight_decay"] = optimizer.weight_decay;
-    if (optimizer.kind != store::OptimizerKind::SGD) hp["eps"] = optimizer.eps;
-    if (optimizer.kind == store::OptimizerKind::Adagrad) {
-      hp["lr_decay"] = optimizer.lr_decay;
-      hp["initial_accumulator_value"] = optimizer.initial_accumulator_value;
-    }
-    if (optimizer.kind == store::OptimizerKind::Adam) {
-      hp["beta1"] = optimizer.beta1;
-      hp["beta2"] = optimizer.beta2;
-    }
-    if (optimizer.stochastic_rounding) {
-      hp["stochastic_rounding"] = 1.0;
-      hp["rounding_seed"] = static_cast<double>(optimizer.rounding_seed);  // below 2^53: exact
-    }
-    fused = py::make_tuple(kind->second, hp);
-  }
+  const py::object fused = optimizer.kind == store::OptimizerKind::None ? py::none() : py::cast(optimizer);
   return py::make_tuple(py::make_tuple(init_kind_name(init.kind), init.a, init.b), fused);
 }
 
 store::DeferredTable& deferred_of(const at::Tensor& t, const char* what) {
-  auto* deferred = dynamic_cast<store::DeferredTable*>(&table_of(t, what));
+  store::DeferredTable* deferred = table_of(t, what).sync_staging();
   if (deferred == nullptr) {
     throw py::value_error(std::string(what) + ": the table is not in synchronous mode (sync=True)");
   }
@@ -301,7 +244,7 @@ store::DeferredTable& deferred_of(const at::Tensor& t, const char* what) {
 at::Tensor sync_table(const at::Tensor& t) {
   store::TableHandle& table = table_of(t, "sync");
   if (t.dim() != 2 || !t.is_contiguous() || t.storage_offset() != 0 ||
-      static_cast<uint64_t>(t.size(0)) != table.num_rows() || static_cast<uint64_t>(t.size(1)) != table.dim()) {
+      static_cast<uint64_t>(t.size(0)) != table.num_rows() || static_cast<uint64_t>(t.size(1)) != table.row_words()) {
     throw py::value_error("sync=True takes whole 2-D tables (rows x dim), not views of one");
   }
   if (table.dtype() != store::ElementType::Float32) {
@@ -312,7 +255,7 @@ at::Tensor sync_table(const at::Tensor& t) {
   TableBlock* block = table_block(t.storage());
   auto deferred = std::make_shared<store::DeferredTable>(block->table_shared());
   c10::Storage storage =
-      wrap_table(std::move(deferred), block->client, t.storage().nbytes(), table.dim() * 4, false);
+      wrap_table(std::move(deferred), block->client, t.storage().nbytes(), table.row_words() * 4, false);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<float>());
   tensor.unsafeGetTensorImpl()->set_sizes_contiguous(t.sizes());
@@ -327,8 +270,8 @@ std::pair<at::Tensor, at::Tensor> take_pending_updates(const at::Tensor& t) {
   static_assert(sizeof(uint64_t) == sizeof(int64_t));
   // Row ids are below the table's row count, which fits int64 (tables are sized by int64 tensors).
   at::Tensor ids = at::from_blob(pending->ids.data(), {n}, [pending](void*) {}, at::kLong);
-  at::Tensor grads = at::from_blob(pending->grads.data(), {n, static_cast<int64_t>(table.dim())},
-                                   [pending](void*) {}, at::kFloat);
+  at::Tensor grads = at::from_blob(
+      pending->grads.data(), {n, static_cast<int64_t>(table.row_words())}, [pending](void*) {}, at::kFloat);
   return {ids, grads};
 }
 
@@ -342,39 +285,46 @@ void apply_updates(const at::Tensor& t, const at::Tensor& keys, const at::Tensor
   table.apply(ids.data(), ids.size(), rows.const_data_ptr<float>());
 }
 
-net::RemoteTable& remote_of(const at::Tensor& t) {
-  auto* remote = dynamic_cast<net::RemoteTable*>(deferred_of(t, "sync").wrapped().get());
-  if (remote == nullptr) throw py::value_error("sync: the table lives in this process, not on shards");
-  return *remote;
+// The store that runs the synchronous steps of a table's fleet: its shards'.
+store::SyncSteps& sync_steps_of(const at::Tensor& t) {
+  store::SyncSteps* steps = table_block(t.storage())->client->sync_steps();
+  if (steps == nullptr) throw py::value_error("sync: the table lives in this process, not on shards");
+  return *steps;
 }
+
+store::TableHandle* staged_table(const at::Tensor& t) { return deferred_of(t, "sync").wrapped().get(); }
 
 // A synchronous step on shards (net/client/sync_step.h), in two calls so that a profile tells them apart:
 // stage_step returns once every rank's rows of every table are staged on every shard...
 void stage_step(const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& keys,
-                const std::vector<at::Tensor>& grads, const net::StepTag& tag, double timeout_seconds) {
+                const std::vector<at::Tensor>& grads, const store::StepTag& tag, double timeout_seconds) {
   if (keys.size() != tables.size() || grads.size() != tables.size()) {
     throw py::value_error("sync: one ids and one grads tensor per table");
   }
   // The ids and rows are kept here, and the step points into them.
   std::vector<std::vector<uint64_t>> ids(tables.size());
   std::vector<at::Tensor> rows(tables.size());
-  std::vector<net::StepRows> step;
+  std::vector<store::StepRows> step;
   for (size_t t = 0; t < tables.size(); ++t) {
-    net::RemoteTable& table = remote_of(tables[t]);
-    ids[t] = keys_of(keys[t], table, "sync");
-    rows[t] = rows_of(grads[t], ids[t].size(), table, "sync");
-    step.push_back(net::StepRows{&table, ids[t].data(), ids[t].size(), rows[t].const_data_ptr<float>()});
+    store::TableHandle* table = staged_table(tables[t]);
+    ids[t] = keys_of(keys[t], *table, "sync");
+    rows[t] = rows_of(grads[t], ids[t].size(), *table, "sync");
+    step.push_back(store::StepRows{table, ids[t].data(), ids[t].size(), rows[t].const_data_ptr<float>()});
   }
+  if (tables.empty()) return;
+  store::SyncSteps& steps = sync_steps_of(tables.front());
   py::gil_scoped_release no_gil;
-  net::stage_step(step, tag, timeout_seconds);
+  steps.stage_step(step, tag, timeout_seconds);
 }
 
 // ... then, once staged, committed: applied on every shard before this returns.
-void commit_step(const std::vector<at::Tensor>& tables, const net::StepTag& tag, double timeout_seconds) {
-  std::vector<net::RemoteTable*> handles;
-  for (const at::Tensor& t : tables) handles.push_back(&remote_of(t));
+void commit_step(const std::vector<at::Tensor>& tables, const store::StepTag& tag, double timeout_seconds) {
+  std::vector<store::TableHandle*> handles;
+  for (const at::Tensor& t : tables) handles.push_back(staged_table(t));
+  if (tables.empty()) return;
+  store::SyncSteps& steps = sync_steps_of(tables.front());
   py::gil_scoped_release no_gil;
-  net::commit_step(handles, tag, timeout_seconds);
+  steps.commit_step(handles, tag, timeout_seconds);
 }
 
 // Python's callable, run after each recording (DeferredTable::set_on_record). The hook holds it
@@ -400,9 +350,7 @@ py::dict store_info() {
   info["kind"] = client->kind();
   info["servers"] = client->servers();
   info["shards"] = client->servers().size();
-  if (const auto* remote = dynamic_cast<const net::RemoteStoreClient*>(client.get())) {
-    info["timeout"] = remote->timeout_seconds();
-  }
+  if (const std::optional<double> timeout = client->timeout_seconds()) info["timeout"] = *timeout;
   return info;
 }
 
@@ -436,15 +384,13 @@ void bind_table_api(py::module_& m) {
   m.def("_sync_table", &sync_table);
   m.def("_take_pending_updates", &take_pending_updates);
   m.def("_apply_updates", &apply_updates);
-  m.def("_stage_step", [](const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& ids,
-                          const std::vector<at::Tensor>& grads, uint64_t fleet, uint64_t step, uint32_t rank,
-                          uint32_t world, double timeout) {
-    stage_step(tables, ids, grads, net::StepTag{fleet, step, rank, world}, timeout);
-  });
-  m.def("_commit_step", [](const std::vector<at::Tensor>& tables, uint64_t fleet, uint64_t step, uint32_t rank,
-                           uint32_t world, double timeout) {
-    commit_step(tables, net::StepTag{fleet, step, rank, world}, timeout);
-  });
+  m.def("_stage_step",
+        [](const std::vector<at::Tensor>& tables, const std::vector<at::Tensor>& ids,
+           const std::vector<at::Tensor>& grads, uint64_t fleet, uint64_t step, uint32_t rank, uint32_t world,
+           double timeout) { stage_step(tables, ids, grads, store::StepTag{fleet, step, rank, world}, timeout); });
+  m.def("_commit_step",
+        [](const std::vector<at::Tensor>& tables, uint64_t fleet, uint64_t step, uint32_t rank, uint32_t world,
+           double timeout) { commit_step(tables, store::StepTag{fleet, step, rank, world}, timeout); });
   m.def("_set_record_hook", &set_record_hook);
   m.def("_table_in_process", [](const at::Tensor& t) { return table_of(t, "in_process").in_process(); });
   m.def("_set_table_init", [](const at::Tensor& t, const std::string& kind, double a, double b) {
@@ -469,14 +415,11 @@ void bind_table_api(py::module_& m) {
   });
   m.def("_table_policy", [](const at::Tensor& t) { return policy_to_dict(table_of(t, "table_policy").policy()); });
   m.def("_table_has_policy", [](const at::Tensor& t) { return table_of(t, "table_policy").policy().active(); });
-  m.def("_table_is_sync", [](const at::Tensor& t) {
-    return dynamic_cast<store::DeferredTable*>(&table_of(t, "sync")) != nullptr;
-  });
+  m.def("_table_is_sync", [](const at::Tensor& t) { return table_of(t, "sync").sync_staging() != nullptr; });
   m.def("_set_table_lr", [](const at::Tensor& t, double lr) { table_of(t, "set_lr").set_learning_rate(lr); });
   m.def("_table_optimizer_step", [](const at::Tensor& t) { return table_of(t, "optimizer_step").optimizer_step(); });
-  m.def("_set_table_optimizer_step", [](const at::Tensor& t, uint64_t step) {
-    table_of(t, "set_optimizer_step").set_optimizer_step(step);
-  });
+  m.def("_set_table_optimizer_step",
+        [](const at::Tensor& t, uint64_t step) { table_of(t, "set_optimizer_step").set_optimizer_step(step); });
   m.def("_save_store", [](const std::string& path) {
     py::gil_scoped_release no_gil;
     current_store()->save(path);

@@ -42,7 +42,8 @@ at::Tensor empty_snapshot_array(at::IntArrayRef sizes, at::ScalarType dtype) {
   const size_t mapped = (nbytes + store::kChunkRegionBytes - 1) / store::kChunkRegionBytes * store::kChunkRegionBytes;
   std::byte* memory = store::allocate_chunk(mapped).release();
   return at::from_blob(
-      memory, sizes, [](void* data) { store::ChunkDeleter()(static_cast<std::byte*>(data)); }, at::TensorOptions(dtype));
+      memory, sizes, [](void* data) { store::ChunkDeleter()(static_cast<std::byte*>(data)); },
+      at::TensorOptions(dtype));
 }
 
 // What a snapshot's header says: the storage's size and row width, and the store's header.
@@ -56,16 +57,14 @@ struct SavedHeader {
 // (shape, init rule and seed, optimizer) are checked as the rows are.
 uint32_t header_crc32(const SavedHeader& h) {
   std::string bytes;
-  const auto put = [&bytes](const auto& value) {
-    bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
-  };
+  const auto put = [&bytes](const auto& value) { bytes.append(reinterpret_cast<const char*>(&value), sizeof(value)); };
   const store::TableConfig& config = h.table.config;
   const store::OptimizerConfig& optimizer = h.table.optimizer;
   put(h.nbytes);
   put(h.row_bytes);
   put(config.num_rows);
-  put(config.dim);
-  put(config.state_floats);
+  put(config.row_words);
+  put(config.state_words);
   put(static_cast<uint32_t>(config.init.kind));
   put(config.init.a);
   put(config.init.b);
@@ -100,7 +99,7 @@ std::vector<uint32_t> chunk_crc32s(const at::Tensor& t, uint64_t chunk_bytes) {
   return crcs;
 }
 
-// torch.save: (header, row ids [k] int64, records [k, dim + state_floats] float32), both on the CPU.
+// torch.save: (header, row ids [k] int64, records [k, dim + state_words] float32), both on the CPU.
 py::tuple table_snapshot(const at::Tensor& t) {
   if (!is_table(t)) {
     throw py::value_error("_table_snapshot: the tensor is not on recdev table storage");
@@ -109,7 +108,7 @@ py::tuple table_snapshot(const at::Tensor& t) {
   store::TableScanHeader header;
   at::Tensor ids, records;
   std::vector<uint32_t> ids_crc32, records_crc32;
-  std::optional<store::Table::PolicyState> policy;
+  std::optional<store::TablePolicyState> policy;
   std::string policy_block;
   {
     py::gil_scoped_release no_gil;
@@ -117,7 +116,8 @@ py::tuple table_snapshot(const at::Tensor& t) {
       header = h;
       const auto count = static_cast<int64_t>(h.row_count);
       ids = empty_snapshot_array({count}, at::kLong);
-      records = empty_snapshot_array({count, static_cast<int64_t>(h.config.dim + h.config.state_floats)}, at::kFloat);
+      records =
+          empty_snapshot_array({count, static_cast<int64_t>(h.config.row_words + h.config.state_words)}, at::kFloat);
       // Row ids are below 2^63: the same bits as int64.
       return store::RowArrays{reinterpret_cast<uint64_t*>(ids.data_ptr<int64_t>()), records.data_ptr<float>()};
     });
@@ -142,15 +142,15 @@ py::tuple table_snapshot(const at::Tensor& t) {
   d["nbytes"] = block.nbytes;
   d["row_bytes"] = block.row_bytes;
   d["num_rows"] = config.num_rows;
-  d["dim"] = config.dim;
-  d["state_floats"] = config.state_floats;
+  d["dim"] = config.row_words;
+  d["state_floats"] = config.state_words;  // the key of the format (state words)
   d["dtype"] = static_cast<uint32_t>(config.dtype);
   d["init"] = py::make_tuple(static_cast<uint32_t>(config.init.kind), config.init.a, config.init.b);
   d["init_seed"] = config.init.seed;
   d["init_stream"] = header.init_stream;
-  d["optimizer"] = py::make_tuple(
-      static_cast<uint32_t>(optimizer.kind), optimizer.lr, optimizer.weight_decay, optimizer.eps, optimizer.lr_decay,
-      optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2);
+  d["optimizer"] =
+      py::make_tuple(static_cast<uint32_t>(optimizer.kind), optimizer.lr, optimizer.weight_decay, optimizer.eps,
+                     optimizer.lr_decay, optimizer.initial_accumulator_value, optimizer.beta1, optimizer.beta2);
   d["optimizer_step"] = header.optimizer_step;
   // Only with stochastic rounding (a snapshot without these fields rounds to nearest).
   if (optimizer.stochastic_rounding) {
@@ -172,9 +172,7 @@ py::tuple table_snapshot(const at::Tensor& t) {
 
 constexpr const char* kDamaged = "torch.load: the saved recdev table is damaged or was not written by torch_recdev: ";
 
-[[noreturn]] void refuse(const std::string& problem) {
-  throw py::value_error(kDamaged + problem);
-}
+[[noreturn]] void refuse(const std::string& problem) { throw py::value_error(kDamaged + problem); }
 
 template <class T>
 T field(const py::dict& header, const char* name) {
@@ -211,8 +209,8 @@ SavedHeader read_header(const py::dict& header, uint64_t row_count) {
   saved.row_bytes = field<uint32_t>(header, "row_bytes");
   store::TableConfig& config = saved.table.config;
   config.num_rows = field<uint64_t>(header, "num_rows");
-  config.dim = field<uint32_t>(header, "dim");
-  config.state_floats = field<uint32_t>(header, "state_floats");
+  config.row_words = field<uint32_t>(header, "dim");
+  config.state_words = field<uint32_t>(header, "state_floats");
   // Snapshots from before tables had a type hold float32 tables.
   const uint32_t dtype = header.contains("dtype") ? field<uint32_t>(header, "dtype") : 0;
   if (dtype > store::kLastElementType) refuse("unknown element type " + std::to_string(dtype));
@@ -237,9 +235,8 @@ SavedHeader read_header(const py::dict& header, uint64_t row_count) {
 
 // Format 2 and later: the header, the ids and the records must be the bytes torch.save checksummed.
 // `table` names the table in the error.
-void verify_checksums(
-    const py::dict& header, const SavedHeader& saved, const at::Tensor& ids, const at::Tensor& records,
-    const std::string& table) {
+void verify_checksums(const py::dict& header, const SavedHeader& saved, const at::Tensor& ids,
+                      const at::Tensor& records, const std::string& table) {
   const auto chunk_bytes = field<uint64_t>(header, "crc32_chunk_bytes");
   const auto header_crc = field<uint32_t>(header, "header_crc32");
   const auto ids_crc = field<std::vector<uint32_t>>(header, "ids_crc32");
@@ -283,13 +280,66 @@ void verify_checksums(
 // Rebuilds a table from its snapshot, verified before anything is created: a uint8 recdev tensor
 // over the new table storage (the caller views it with the saved dtype, offset, size and stride).
 // `table` names it in errors.
-at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at::Tensor& records, const std::string& table) {
+// Refuses a saved table whose header is inconsistent: its storage against its shape, an unknown init
+// rule or optimizer, stochastic rounding on rows it does not round, a state width its optimizer does
+// not keep.
+void check_saved_table(const SavedHeader& saved) {
+  const store::TableConfig& config = saved.table.config;
+  const store::OptimizerConfig& optimizer = saved.table.optimizer;
+  if (saved.row_bytes == 0 || saved.row_bytes != config.row_words * 4 ||
+      config.num_rows != (saved.nbytes + saved.row_bytes - 1) / saved.row_bytes) {
+    refuse("its storage (" + std::to_string(saved.nbytes) + " bytes in rows of " + std::to_string(saved.row_bytes) +
+           ") does not match its table of " + std::to_string(config.num_rows) + " x " +
+           std::to_string(config.row_words));
+  }
+  if (static_cast<uint32_t>(config.init.kind) > static_cast<uint32_t>(store::InitKind::Xavier)) {
+    refuse("unknown init rule kind " + std::to_string(static_cast<uint32_t>(config.init.kind)));
+  }
+  store::validate_table_config(config);
+  if (static_cast<uint32_t>(optimizer.kind) > static_cast<uint32_t>(store::OptimizerKind::Adam)) {
+    refuse("unknown optimizer kind " + std::to_string(static_cast<uint32_t>(optimizer.kind)));
+  }
+  store::validate_optimizer(optimizer);
+  if (optimizer.stochastic_rounding && config.dtype != store::ElementType::Float16 &&
+      config.dtype != store::ElementType::BFloat16) {
+    refuse(std::string("it has stochastic rounding on ") + store::element_type_name(config.dtype) +
+           " rows; only float16 and bfloat16 rows are rounded");
+  }
+  if (optimizer.kind != store::OptimizerKind::None &&
+      config.state_words != store::optimizer_state_words(optimizer.kind, config.dtype, config.row_words)) {
+    refuse("its rows carry " + std::to_string(config.state_words) + " optimizer-state words, but its optimizer " +
+           store::describe(optimizer) + " needs " +
+           std::to_string(store::optimizer_state_words(optimizer.kind, config.dtype, config.row_words)));
+  }
+}
+
+// The saved budget policy with its touch metadata (nullopt if the table had none), checked.
+std::optional<store::TablePolicyState> saved_policy(const py::dict& header, const std::string& table,
+                                                    const store::TableConfig& config, uint64_t row_count) {
+  if (!header.contains("policy")) return std::nullopt;
+  const auto block = field<std::string>(header, "policy");
+  if (field<uint32_t>(header, "policy_crc32") != store::crc32_update(0, block.data(), block.size())) {
+    throw py::value_error(
+        "torch.load: the saved recdev table " + table +
+        " is damaged: the checksum (CRC-32) of its budget policy "
+        "does not match the one torch.save wrote, so the file changed after it was saved. Nothing of this table "
+        "was loaded; load an intact copy of the file.");
+  }
+  try {
+    return store::decode_policy_state(block.data(), block.size(), config.num_rows, row_count);
+  } catch (const store::StoreError& error) {
+    refuse(std::string("its budget ") + error.what());
+  }
+}
+
+at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at::Tensor& records,
+                         const std::string& table) {
   const auto format = field<int64_t>(header, "format");
   if (format != kSnapshotFormat && format != kUncheckedFormat) {
-    throw py::value_error(
-        "torch.load: the saved recdev table " + table + " has snapshot format " + std::to_string(format) +
-        "; this torch_recdev reads formats " + std::to_string(kUncheckedFormat) + " and " +
-        std::to_string(kSnapshotFormat) + ". Load it with the torch_recdev version that saved it.");
+    throw py::value_error("torch.load: the saved recdev table " + table + " has snapshot format " +
+                          std::to_string(format) + "; this torch_recdev reads formats " +
+                          std::to_string(kUncheckedFormat) + " and " + std::to_string(kSnapshotFormat) +
+                          ". Load it with the torch_recdev version that saved it.");
   }
   if (format == kUncheckedFormat) {
     for (const char* name : kChecksumFields) {
@@ -310,35 +360,11 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
   if (format == kSnapshotFormat) {
     verify_checksums(header, saved, id_values, record_values, table);
   }
+  check_saved_table(saved);
   const store::TableConfig& config = saved.table.config;
-  const store::OptimizerConfig& optimizer = saved.table.optimizer;
-  if (saved.row_bytes == 0 || saved.row_bytes != config.dim * 4 ||
-      config.num_rows != (saved.nbytes + saved.row_bytes - 1) / saved.row_bytes) {
-    refuse("its storage (" + std::to_string(saved.nbytes) + " bytes in rows of " + std::to_string(saved.row_bytes) +
-           ") does not match its table of " + std::to_string(config.num_rows) + " x " + std::to_string(config.dim));
-  }
-  if (static_cast<uint32_t>(config.init.kind) > static_cast<uint32_t>(store::InitKind::Xavier)) {
-    refuse("unknown init rule kind " + std::to_string(static_cast<uint32_t>(config.init.kind)));
-  }
-  store::validate_table_config(config);
-  if (static_cast<uint32_t>(optimizer.kind) > static_cast<uint32_t>(store::OptimizerKind::Adam)) {
-    refuse("unknown optimizer kind " + std::to_string(static_cast<uint32_t>(optimizer.kind)));
-  }
-  store::validate_optimizer(optimizer);
-  if (optimizer.stochastic_rounding && config.dtype != store::ElementType::Float16 &&
-      config.dtype != store::ElementType::BFloat16) {
-    refuse(std::string("it has stochastic rounding on ") + store::element_type_name(config.dtype) +
-           " rows; only float16 and bfloat16 rows are rounded");
-  }
-  if (optimizer.kind != store::OptimizerKind::None &&
-      config.state_floats != store::optimizer_state_words(optimizer.kind, config.dtype, config.dim)) {
-    refuse("its rows carry " + std::to_string(config.state_floats) + " optimizer-state words, but its optimizer " +
-           store::describe(optimizer) + " needs " +
-           std::to_string(store::optimizer_state_words(optimizer.kind, config.dtype, config.dim)));
-  }
-  const int64_t record_floats = config.dim + config.state_floats;
-  if (records.size(1) != record_floats) {
-    refuse("its rows are not int64 ids [k] with float32 records [k, " + std::to_string(record_floats) + "]; got " +
+  const int64_t record_words = config.row_words + config.state_words;
+  if (records.size(1) != record_words) {
+    refuse("its rows are not int64 ids [k] with float32 records [k, " + std::to_string(record_words) + "]; got " +
            ids.toString() + " " + c10::str(ids.sizes()) + " and " + records.toString() + " " +
            c10::str(records.sizes()));
   }
@@ -348,29 +374,15 @@ at::Tensor restore_table(const py::dict& header, const at::Tensor& ids, const at
       refuse("row id " + std::to_string(id[i]) + " is out of range for " + std::to_string(config.num_rows) + " rows");
     }
   }
-  std::optional<store::Table::PolicyState> policy;
-  if (header.contains("policy")) {
-    const auto block = field<std::string>(header, "policy");
-    if (field<uint32_t>(header, "policy_crc32") != store::crc32_update(0, block.data(), block.size())) {
-      throw py::value_error(
-          "torch.load: the saved recdev table " + table + " is damaged: the checksum (CRC-32) of its budget policy "
-          "does not match the one torch.save wrote, so the file changed after it was saved. Nothing of this table "
-          "was loaded; load an intact copy of the file.");
-    }
-    try {
-      policy = store::decode_policy_state(block.data(), block.size(), config.num_rows, saved.table.row_count);
-    } catch (const store::StoreError& error) {
-      refuse(std::string("its budget ") + error.what());
-    }
-  }
+  const std::optional<store::TablePolicyState> policy = saved_policy(header, table, config, saved.table.row_count);
   const store::TableScanHeader table_header = saved.table;
   c10::Storage storage = make_table_storage(saved.nbytes, saved.row_bytes, config.dtype);
   table_block(storage)->defer_rows([table_header, id_values, record_values, policy](store::TableHandle& into) {
-    store::RowSet rows(table_header.config.dim + table_header.config.state_floats);
+    store::RowSet rows(table_header.config.row_words + table_header.config.state_words);
     // In range, so non-negative: the same values as uint64.
     const int64_t* id = id_values.const_data_ptr<int64_t>();
-    const auto repeat = rows.insert_all(
-        reinterpret_cast<const uint64_t*>(id), record_values.const_data_ptr<float>(), table_header.row_count);
+    const auto repeat = rows.insert_all(reinterpret_cast<const uint64_t*>(id), record_values.const_data_ptr<float>(),
+                                        table_header.row_count);
     TORCH_CHECK_VALUE(!repeat, kDamaged, "row ", repeat ? id[*repeat] : 0, " appears twice");
     // The saved policy replaces the table's own, which could otherwise evict installed rows it keeps.
     if (policy) into.set_policy(store::TablePolicyConfig{});

@@ -62,10 +62,14 @@ const std::map<std::string, Setter>& flags() {
       {"--token-file", [](CommandLine& c, const std::string& v) { c.token_file = v; }},
       {"--checkpoint-dir", [](CommandLine& c, const std::string& v) { c.server.checkpoint_dir = v; }},
       {"--checkpoint-every",
-       [](CommandLine& c, const std::string& v) { c.server.checkpoint_every = parse_seconds("--checkpoint-every", v); }},
+       [](CommandLine& c, const std::string& v) {
+         c.server.checkpoint_every = parse_seconds("--checkpoint-every", v);
+       }},
       {"--max-memory", [](CommandLine& c, const std::string& v) { c.server.service.max_memory = parse_bytes(v); }},
       {"--lease-seconds",
-       [](CommandLine& c, const std::string& v) { c.server.service.lease_seconds = parse_seconds("--lease-seconds", v); }},
+       [](CommandLine& c, const std::string& v) {
+         c.server.service.lease_seconds = parse_seconds("--lease-seconds", v);
+       }},
       {"--max-staged-bytes",
        [](CommandLine& c, const std::string& v) { c.server.service.max_staged_bytes = parse_bytes(v); }},
       {"--max-connections",

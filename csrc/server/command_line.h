@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "net/wire/protocol.h"
 #include "net/server/server.h"
+#include "net/wire/protocol.h"
 
 namespace recdev::server {
 

@@ -13,8 +13,8 @@
 
 #include "crc32.h"
 #include "errors.h"
-#include "frequency_sketch.h"
 #include "file_io.h"
+#include "frequency_sketch.h"
 
 namespace recdev::store {
 namespace {
@@ -37,14 +37,13 @@ constexpr uint32_t kOldestFormatVersion = 2;
 constexpr uint32_t kMaxNameLength = 4096;
 // magic, version, table_count, crc
 constexpr uint64_t kFileFixedBytes = sizeof(kMagic) + 4 + 4 + 4;
-// name_length, num_rows, dim, state_floats, init_kind, element type, init a, b, seed, init_stream,
+// name_length, num_rows, dim, state_words, init_kind, element type, init a, b, seed, init_stream,
 // optimizer_kind, optimizer flags, 7 optimizer parameters, (rounding_seed from version 5,) optimizer_step,
 // row_count; the smallest section, of the oldest version, bounds the table count.
 constexpr uint64_t kSectionFixedBytes = 4 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 7 * 8 + 8 + 8;
 constexpr uint64_t kCrcBytes = 4;
 // Rows are read in batches of about this many bytes.
 constexpr size_t kReadBatchBytes = size_t{1} << 20;
-
 
 // The policy block's fixed part: config (u64 max_rows, u64 max_bytes, u32 evict, u32 admit_after,
 // f64 half_life, u64 ttl_steps, f64 ttl_seconds, u32 sketch_width, u32 reserved), clocks (5 x u64),
@@ -111,13 +110,13 @@ std::string label(const std::string& name, size_t index) {
 // The state width is not part of the shape: it follows the optimizer, which a load restores.
 // The element type is: rows are never loaded as another type.
 bool same_shape(const TableConfig& lhs, const TableConfig& rhs) {
-  return lhs.num_rows == rhs.num_rows && lhs.dim == rhs.dim && lhs.dtype == rhs.dtype;
+  return lhs.num_rows == rhs.num_rows && lhs.row_words == rhs.row_words && lhs.dtype == rhs.dtype;
 }
 
 std::string shape_text(const TableConfig& config) {
   // float32 tables read as they did before tables had a type.
   const std::string dtype = config.dtype == ElementType::Float32 ? "" : " words of " + describe(config.dtype);
-  return "num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.dim) + dtype;
+  return "num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.row_words) + dtype;
 }
 
 class ChecksummedWriter {
@@ -189,8 +188,8 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
         out.put(uint32_t(name.size()));
         out.put_bytes(name.data(), name.size());
         out.put(config.num_rows);
-        out.put(config.dim);
-        out.put(config.state_floats);
+        out.put(config.row_words);
+        out.put(config.state_words);
         out.put(uint32_t(config.init.kind));
         out.put(uint32_t(config.dtype));
         out.put(config.init.a);
@@ -210,7 +209,7 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
         out.put(header.optimizer_step);
         out.put(header.row_count);
         rows = header.row_count;
-        record_bytes = (size_t{config.dim} + config.state_floats) * sizeof(float);
+        record_bytes = (size_t{config.row_words} + config.state_words) * sizeof(float);
       },
       [&](uint64_t row_id, const float* record) {
         out.put(row_id);
@@ -221,11 +220,10 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
   // out (rows it evicted meanwhile are in the file and get fresh metadata at load).
   std::string block;
   if (policy) {
-    if (std::optional<Table::PolicyState> state = table.policy_state()) {
+    if (std::optional<TablePolicyState> state = table.policy_state()) {
       std::sort(written.begin(), written.end());
-      std::erase_if(state->touches, [&](const RowTouch& row) {
-        return !std::binary_search(written.begin(), written.end(), row.id);
-      });
+      std::erase_if(state->touches,
+                    [&](const RowTouch& row) { return !std::binary_search(written.begin(), written.end(), row.id); });
       block = encode_policy_state(*state);
     }
   }
@@ -234,7 +232,8 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
   return rows;
 }
 
-CheckpointSummary write_checkpoint(const std::string& path, const std::vector<std::pair<std::string, const Table*>>& tables) {
+CheckpointSummary write_checkpoint(const std::string& path,
+                                   const std::vector<std::pair<std::string, const Table*>>& tables) {
   for (const auto& [name, table] : tables) {
     if (name.size() > kMaxNameLength) {
       throw StoreError(ErrorCode::InvalidArgument, "table name of " + std::to_string(name.size()) +
@@ -255,10 +254,10 @@ CheckpointSummary write_checkpoint(const std::string& path, const std::vector<st
   return summary;
 }
 
-// Reads one section. check_header sees the header before any row is read; rows are staged only if
-// stage_rows (otherwise they are just checked and checksummed).
-StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_t version, size_t index,
-                         const HeaderCheck& check_header, bool stage_rows) {
+// A section's header: the table's name, config, init stream, optimizer with its step, and row
+// count, each checked.
+CheckpointTableInfo read_section_header(ChecksummedReader& in, const std::string& path, uint32_t version,
+                                        size_t index) {
   CheckpointTableInfo info;
   const uint32_t name_length = in.get<uint32_t>();
   if (name_length > kMaxNameLength || name_length > in.remaining()) {
@@ -268,8 +267,8 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
   in.get_bytes(info.name.data(), name_length);
   const std::string table = label(info.name, index);
   info.config.num_rows = in.get<uint64_t>();
-  info.config.dim = in.get<uint32_t>();
-  info.config.state_floats = in.get<uint32_t>();
+  info.config.row_words = in.get<uint32_t>();
+  info.config.state_words = in.get<uint32_t>();
   info.config.init.kind = InitKind(in.get<uint32_t>());
   const uint32_t dtype = in.get<uint32_t>();
   if (dtype > kLastElementType) corrupt(path, "has an unknown element type " + std::to_string(dtype) + " in " + table);
@@ -311,22 +310,25 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
                       table + "; only float16 and bfloat16 rows are rounded");
   }
   if (info.optimizer.kind != OptimizerKind::None &&
-      info.config.state_floats !=
-          optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.dim)) {
-    corrupt(path, "has " + std::to_string(info.config.state_floats) + " state floats per row in " + table +
-                      ", but its optimizer " + describe(info.optimizer) + " keeps " +
-                      std::to_string(optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.dim)));
+      info.config.state_words != optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.row_words)) {
+    corrupt(path,
+            "has " + std::to_string(info.config.state_words) + " state words per row in " + table +
+                ", but its optimizer " + describe(info.optimizer) + " keeps " +
+                std::to_string(optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.row_words)));
   }
-  check_header(info);
+  return info;
+}
 
-  const uint32_t record_floats = info.config.dim + info.config.state_floats;
-  const uint64_t row_bytes = sizeof(uint64_t) + uint64_t{record_floats} * sizeof(float);
-  if (in.remaining() < kCrcBytes || info.row_count > (in.remaining() - kCrcBytes) / row_bytes) {
-    corrupt(path, "is truncated: " + table + " has " + std::to_string(info.row_count) + " rows of " +
+// A section's rows: each id checked to be in range and not repeated; staged if stage_rows.
+void read_section_rows(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged,
+                       bool stage_rows) {
+  const uint32_t record_words = staged.info.config.row_words + staged.info.config.state_words;
+  const uint64_t row_bytes = sizeof(uint64_t) + uint64_t{record_words} * sizeof(float);
+  if (in.remaining() < kCrcBytes || staged.info.row_count > (in.remaining() - kCrcBytes) / row_bytes) {
+    corrupt(path, "is truncated: " + table + " has " + std::to_string(staged.info.row_count) + " rows of " +
                       std::to_string(row_bytes) + " bytes but only " + std::to_string(in.remaining()) +
                       " bytes remain");
   }
-  StagedTable staged{std::move(info), RowSet(record_floats)};
   const size_t batch_rows = std::max<size_t>(1, kReadBatchBytes / row_bytes);
   std::vector<std::byte> batch(std::min<uint64_t>(batch_rows, staged.info.row_count) * row_bytes);
   for (uint64_t done = 0; done < staged.info.row_count;) {
@@ -346,24 +348,39 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
     }
     done += count;
   }
-  if (version >= kPolicyFormatVersion) {
-    if (in.remaining() < sizeof(uint64_t) + kCrcBytes) corrupt(path, "is truncated in the policy block of " + table);
-    const uint64_t policy_bytes = in.get<uint64_t>();
-    if (policy_bytes > in.remaining() - kCrcBytes) {
-      corrupt(path, "is truncated: the policy block of " + table + " has " + std::to_string(policy_bytes) +
-                        " bytes but only " + std::to_string(in.remaining()) + " bytes remain");
-    }
-    if (policy_bytes != 0) {
-      std::string block(policy_bytes, '\0');
-      in.get_bytes(block.data(), block.size());
-      try {
-        staged.info.policy =
-            decode_policy_state(block.data(), block.size(), staged.info.config.num_rows, staged.info.row_count);
-      } catch (const StoreError& error) {
-        corrupt(path, "has a bad policy block in " + table + ": " + error.what());
-      }
+}
+
+// A section's policy block (format 3 and later), decoded into staged.info.policy.
+void read_policy_block(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged) {
+  if (in.remaining() < sizeof(uint64_t) + kCrcBytes) corrupt(path, "is truncated in the policy block of " + table);
+  const uint64_t policy_bytes = in.get<uint64_t>();
+  if (policy_bytes > in.remaining() - kCrcBytes) {
+    corrupt(path, "is truncated: the policy block of " + table + " has " + std::to_string(policy_bytes) +
+                      " bytes but only " + std::to_string(in.remaining()) + " bytes remain");
+  }
+  if (policy_bytes != 0) {
+    std::string block(policy_bytes, '\0');
+    in.get_bytes(block.data(), block.size());
+    try {
+      staged.info.policy =
+          decode_policy_state(block.data(), block.size(), staged.info.config.num_rows, staged.info.row_count);
+    } catch (const StoreError& error) {
+      corrupt(path, "has a bad policy block in " + table + ": " + error.what());
     }
   }
+}
+
+// Reads one section. check_header sees the header before any row is read; rows are staged only if
+// stage_rows (otherwise they are just checked and checksummed).
+StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_t version, size_t index,
+                         const HeaderCheck& check_header, bool stage_rows) {
+  CheckpointTableInfo info = read_section_header(in, path, version, index);
+  check_header(info);
+  const std::string table = label(info.name, index);
+  const uint32_t record_words = info.config.row_words + info.config.state_words;
+  StagedTable staged{std::move(info), RowSet(record_words)};
+  read_section_rows(in, path, table, staged, stage_rows);
+  if (version >= kPolicyFormatVersion) read_policy_block(in, path, table, staged);
   return staged;
 }
 
@@ -416,7 +433,7 @@ void install_staged(Table& table, StagedTable& staged) {
 
 }  // namespace
 
-std::string encode_policy_state(const Table::PolicyState& state) {
+std::string encode_policy_state(const TablePolicyState& state) {
   ByteWriter out;
   const TablePolicyConfig& config = state.config;
   out.put(config.max_rows);
@@ -428,8 +445,8 @@ std::string encode_policy_state(const Table::PolicyState& state) {
   out.put(config.ttl_seconds);
   out.put(config.sketch_width);
   out.put(uint32_t{0});
-  for (uint64_t clock : {state.clocks.tick, state.clocks.step, state.clocks.evicted, state.clocks.admitted,
-                         state.clocks.pending}) {
+  for (uint64_t clock :
+       {state.clocks.tick, state.clocks.step, state.clocks.evicted, state.clocks.admitted, state.clocks.pending}) {
     out.put(clock);
   }
   out.put(state.sketch_since_aging);
@@ -446,10 +463,10 @@ std::string encode_policy_state(const Table::PolicyState& state) {
   return out.take();
 }
 
-Table::PolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches) {
+TablePolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches) {
   ByteReader in(data, size);
   in.need(kPolicyFixedBytes);
-  Table::PolicyState state;
+  TablePolicyState state;
   TablePolicyConfig& config = state.config;
   config.max_rows = in.get<uint64_t>();
   config.max_bytes = in.get<uint64_t>();

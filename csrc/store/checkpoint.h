@@ -7,7 +7,7 @@
 //   file     := magic "RECDEVTB" (8 bytes) | u32 version = 5 | u32 table_count
 //               | table_count x section | u32 crc
 //   section  := u32 name_length (<= 4096) | name (UTF-8, name_length bytes; empty = anonymous)
-//               | u64 num_rows | u32 dim | u32 state_floats
+//               | u64 num_rows | u32 row_words | u32 state_words
 //               | u32 init_kind (InitKind) | u32 element_type | f64 init_a | f64 init_b | u64 init_seed
 //               | u64 init_stream          (the table id that fill_row draws init values with)
 //               | u32 optimizer_kind (OptimizerKind) | u32 optimizer_flags (bit 0: stochastic rounding)
@@ -15,7 +15,7 @@
 //               | f64 beta1 | f64 beta2 | u64 rounding_seed | u64 optimizer_step
 //               | u64 row_count | row_count x row
 //               | u64 policy_bytes | policy (policy_bytes bytes; 0: the table has no policy)
-//   row      := u64 row_id | (dim + state_floats) x f32   (weight, then optimizer state)
+//   row      := u64 row_id | (row_words + state_words) x f32   (weight, then optimizer state)
 //   crc      := CRC-32 (zlib.crc32) of every byte before it
 //
 // Writing is atomic (file_io.h): a temporary file in the same directory, fsync, rename, fsync of the
@@ -38,7 +38,7 @@
 //
 // Loading verifies everything before it changes anything: magic, version, that every count fits in
 // the file's size (so a corrupt count cannot cause a huge allocation), each section's config,
-// optimizer (valid, and state_floats = its state width unless it is None) and
+// optimizer (valid, and state_words = its state width unless it is None) and
 // rows (ids in range, no duplicates), that nothing trails the last section, the checksum, and that
 // the file matches its destination. The rows are staged off to the side and installed in one step.
 // A damaged, truncated or mismatched file raises StoreError(Corrupt) and leaves the destination as
@@ -65,21 +65,21 @@ struct CheckpointTableInfo {
   uint64_t row_count;
   // The table's budget policy with its touch metadata, clocks and sketch (format 4; none in older
   // files and for tables without a policy).
-  std::optional<Table::PolicyState> policy;
+  std::optional<TablePolicyState> policy;
 };
 
 // A policy state as bytes (the policy block of format 4, also what torch.save of a module table
 // carries), and back. decode verifies everything restore_policy_state relies on (a valid config, a
 // sketch of the config's size, distinct row ids below num_rows, at most max_touches rows) and throws
 // StoreError(Corrupt) naming the problem otherwise.
-std::string encode_policy_state(const Table::PolicyState& state);
-Table::PolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches);
+std::string encode_policy_state(const TablePolicyState& state);
+TablePolicyState decode_policy_state(const void* data, size_t size, uint64_t num_rows, uint64_t max_touches);
 
 // One table per file. `name` is recorded for information (load_table ignores it).
 void save_table(const std::string& path, const Table& table, const std::string& name = {});
 // Replaces the table's rows (weights and optimizer state), init rule, init stream, optimizer and
 // optimizer step with the file's, bit for bit. The file must hold exactly one table with the
-// destination's num_rows and dim (state_floats follows the file's optimizer).
+// destination's num_rows and row_words (state_words follows the file's optimizer).
 void load_table(const std::string& path, Table& table);
 
 // What a save wrote, for whoever reports it (recdev-server logs one line per checkpoint).
@@ -97,7 +97,7 @@ std::string describe(const CheckpointSummary& summary);
 // client session that created them and cannot be found again after a restart.
 CheckpointSummary save_store(const std::string& path, const Store& store);
 // Loads every table of the file into the named table of the same name, creating those that do not
-// exist with the file's config. Every existing one must have the file's num_rows and dim; that is
+// exist with the file's config. Every existing one must have the file's num_rows and row_words; that is
 // checked for all of them before any table changes. Returns the names loaded.
 std::vector<std::string> load_store(const std::string& path, Store& store);
 

@@ -51,8 +51,8 @@ CacheLimit cache_limit_from_env() {
 struct Region {
   std::byte* base;
   size_t chunk_bytes;
-  size_t capacity;      // chunks that fit
-  size_t carved = 0;    // chunks handed out at least once: [0, carved)
+  size_t capacity;    // chunks that fit
+  size_t carved = 0;  // chunks handed out at least once: [0, carved)
   size_t in_use = 0;
   std::vector<size_t> free_slots;  // slots below `carved` handed back; capacity reserved up front
   // The regions of one chunk size that have room, as an intrusive list (so that freeing a chunk
@@ -240,7 +240,8 @@ Pool& pool() {
 }
 
 bool pooled(size_t bytes) {
-  return bytes >= kMinPooledBytes && (bytes <= kMaxAnyPooledBytes || (bytes <= kRegionBytes && kRegionBytes % bytes == 0));
+  return bytes >= kMinPooledBytes &&
+         (bytes <= kMaxAnyPooledBytes || (bytes <= kRegionBytes && kRegionBytes % bytes == 0));
 }
 
 }  // namespace

@@ -30,9 +30,9 @@ class CoalescedGradients {
   // Exactly one of grad and sum is set.
   struct Row {
     uint64_t id;
-    uint64_t hash;    // hash_row_id(id)
-    const G* grad;    // a row named once: the caller's gradient row
-    const Sum* sum;   // a row named more than once: the sum of its gradients
+    uint64_t hash;   // hash_row_id(id)
+    const G* grad;   // a row named once: the caller's gradient row
+    const Sum* sum;  // a row named more than once: the sum of its gradients
   };
 
   // A summed gradient that is not finite: the row and its first column that is not.

@@ -13,13 +13,13 @@
 namespace recdev::store {
 
 struct TableDeclaration {
-  TableConfig config;          // num_rows and dim; init when declares_init (its seed is not compared)
-  bool declares_init = false;  // false: the declaration says nothing about the init rule
+  TableConfig config;                        // num_rows and dim; init when declares_init (its seed is not compared)
+  bool declares_init = false;                // false: the declaration says nothing about the init rule
   std::optional<OptimizerConfig> optimizer;  // none: says nothing about the optimizer
   // false: the declared optimizer says nothing about stochastic rounding, and the table keeps its
   // rounding mode and seed (another rank, share_tables, a script that predates the rounding).
   bool declares_rounding = false;
-  bool reset = false;          // drop every row and optimizer state, whatever the table was
+  bool reset = false;  // drop every row and optimizer state, whatever the table was
 };
 
 // What of `declared` differs from an existing table with `existing` config and `optimizer`; empty

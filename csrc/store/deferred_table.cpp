@@ -19,7 +19,7 @@ DeferredTable::Pending DeferredTable::take() {
 }
 
 void DeferredTable::record(const uint64_t* ids, size_t n, const float* const* rows) {
-  const size_t dim = table_->dim();
+  const size_t dim = table_->row_words();
   const uint64_t num_rows = table_->num_rows();
   for (size_t i = 0; i < n; ++i) {
     // Checked now, as the wrapped table's update would: a bad id must fail in this backward.
@@ -48,7 +48,7 @@ void DeferredTable::set_on_record(std::function<void()> hook) {
 void DeferredTable::update(const uint64_t* ids, size_t n, const void* grads) {
   const float* values = static_cast<const float*>(grads);
   std::vector<const float*> rows(n);
-  for (size_t i = 0; i < n; ++i) rows[i] = values + i * size_t{table_->dim()};
+  for (size_t i = 0; i < n; ++i) rows[i] = values + i * size_t{table_->row_words()};
   record(ids, n, rows.data());
 }
 
@@ -57,7 +57,7 @@ void DeferredTable::update_pooled(const uint64_t* ids, size_t num_ids, const int
                                   int64_t padding_idx, const void* bag_grads) {
   const EmbeddingBag bag{ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx};
   validate_embedding_bag(bag, table_->num_rows());
-  const PooledGradients<float> gradients(bag, static_cast<const float*>(bag_grads), table_->dim(),
+  const PooledGradients<float> gradients(bag, static_cast<const float*>(bag_grads), table_->row_words(),
                                          ElementType::Float32);
   record(gradients.ids(), gradients.size(), gradients.rows());
 }

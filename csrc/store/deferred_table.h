@@ -23,7 +23,7 @@ class DeferredTable final : public TableHandle {
 
   struct Pending {
     std::vector<uint64_t> ids;
-    std::vector<float> grads;  // ids.size() * dim
+    std::vector<float> grads;  // ids.size() * row_words
   };
   // The rows recorded since the last take, and none left.
   Pending take();
@@ -38,9 +38,11 @@ class DeferredTable final : public TableHandle {
   uint64_t id() const override { return table_->id(); }
   TableConfig config() const override { return table_->config(); }
   uint64_t num_rows() const override { return table_->num_rows(); }
-  uint32_t dim() const override { return table_->dim(); }
+  uint32_t row_words() const override { return table_->row_words(); }
   ElementType dtype() const override { return table_->dtype(); }
   bool in_process() const override { return table_->in_process(); }
+  RowPathTraits row_path_traits() const override { return table_->row_path_traits(); }
+  DeferredTable* sync_staging() override { return this; }
   uint64_t init_stream() const override { return table_->init_stream(); }
   void set_init(const InitRule& rule) override { table_->set_init(rule); }
   void gather(const uint64_t* ids, size_t n, float* out) override { table_->gather(ids, n, out); }
@@ -66,8 +68,8 @@ class DeferredTable final : public TableHandle {
   TableStats stats() const override { return table_->stats(); }
   void set_policy(const TablePolicyConfig& config) override { table_->set_policy(config); }
   TablePolicyConfig policy() const override { return table_->policy(); }
-  std::optional<Table::PolicyState> policy_state() const override { return table_->policy_state(); }
-  void restore_policy_state(const Table::PolicyState& state) override { table_->restore_policy_state(state); }
+  std::optional<TablePolicyState> policy_state() const override { return table_->policy_state(); }
+  void restore_policy_state(const TablePolicyState& state) override { table_->restore_policy_state(state); }
   void set_optimizer(const OptimizerConfig& config) override { table_->set_optimizer(config); }
   OptimizerConfig optimizer() const override { return table_->optimizer(); }
   void set_learning_rate(double lr) override { table_->set_learning_rate(lr); }

@@ -240,7 +240,8 @@ void narrow_stochastic(ElementType type, const float* src, void* out, size_t cou
         break;
       default:
         throw StoreError(ErrorCode::InvalidArgument, std::string("stochastic rounding into ") +
-                                                         element_type_name(type) + " elements: only float16 and bfloat16");
+                                                         element_type_name(type) +
+                                                         " elements: only float16 and bfloat16");
     }
   }
 }

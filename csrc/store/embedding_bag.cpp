@@ -10,7 +10,6 @@
 #include "errors.h"
 #include "prefetch.h"
 
-
 namespace recdev::store {
 namespace {
 
@@ -125,9 +124,8 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const void* c
 // One body for every vector width: blocks of 8 vectors of columns, then of 4, 2 and 1 (a row of 64
 // floats is 4 AVX-512 vectors, not 64 single floats), then the last columns one at a time.
 template <class Vector, class Elements, bool kScaled>
-__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const void* const* rows,
-                                                            const float* weights, size_t count, uint32_t dim,
-                                                            bool from_zero) {
+__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const void* const* rows, const float* weights,
+                                                            size_t count, uint32_t dim, bool from_zero) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   uint32_t d = 0;
   for (; d + 8 * kWidth <= dim; d += 8 * kWidth) {
@@ -156,14 +154,14 @@ __attribute__((always_inline)) inline void sum_rows_vectors(float* out, const vo
 }
 
 // A summer's two entry points for one vector width and element type, each compiled for `target`.
-#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                          \
-  target void name##_sum(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero) {        \
-    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                         \
-  }                                                                                                                \
-  target void name##_sum_scaled(float* out, const void* const* rows, const float* weights, size_t count,           \
-                                uint32_t dim, bool from_zero) {                                                    \
-    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                          \
-  }                                                                                                                \
+#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                              \
+  target void name##_sum(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero) {            \
+    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                              \
+  }                                                                                                                    \
+  target void name##_sum_scaled(float* out, const void* const* rows, const float* weights, size_t count, uint32_t dim, \
+                                bool from_zero) {                                                                      \
+    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                               \
+  }                                                                                                                    \
   constexpr RowSummer name{&name##_sum, &name##_sum_scaled};
 
 // 16-byte vectors: the baseline x86-64 build's own width. Without F16C a float16 element widens in
@@ -192,8 +190,7 @@ const RowSummer* best_row_summer(ElementType type) {
     case ElementType::Float32: return avx512 ? &float32_avx512 : cpu_has_avx2() ? &float32_avx2 : &float32_portable;
     case ElementType::Float16:
       return avx512 && cpu_has_avx2_f16c() ? &float16_avx512 : cpu_has_avx2_f16c() ? &float16_avx2 : nullptr;
-    case ElementType::BFloat16:
-      return avx512 ? &bfloat16_avx512 : cpu_has_avx2() ? &bfloat16_avx2 : &bfloat16_portable;
+    case ElementType::BFloat16: return avx512 ? &bfloat16_avx512 : cpu_has_avx2() ? &bfloat16_avx2 : &bfloat16_portable;
     default: return nullptr;
   }
 #else
@@ -265,8 +262,8 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& row
     if (bag.skips(position)) continue;
     const auto* row = static_cast<const float*>(as_float.take(rows.next(), 0));
     for (uint32_t d = 0; d < dim; ++d) {
-      const bool take = ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d])
-                                   : first || row[d] > out[d];
+      const bool take =
+          ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d]) : first || row[d] > out[d];
       if (take) {
         out[d] = row[d];
         if (max_positions != nullptr) max_positions[d] = int64_t(position);
@@ -286,8 +283,8 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
   }
   for (size_t i = 1; i < num_offsets; ++i) {
     if (bag.offsets[i] < bag.offsets[i - 1]) {
-      invalid("offsets must be non-decreasing, but offsets[" + std::to_string(i - 1) + "] = " +
-              std::to_string(bag.offsets[i - 1]) + " > offsets[" + std::to_string(i) +
+      invalid("offsets must be non-decreasing, but offsets[" + std::to_string(i - 1) +
+              "] = " + std::to_string(bag.offsets[i - 1]) + " > offsets[" + std::to_string(i) +
               "] = " + std::to_string(bag.offsets[i]));
     }
   }

@@ -13,15 +13,15 @@
 namespace recdev::store {
 
 enum class ErrorCode : uint8_t {
-  InvalidArgument = 1,  // a malformed request: bad config, bad init rule, inconsistent offsets, ...
-  OutOfRange = 2,       // a row id or byte range outside the table
-  NotFound = 3,         // an unknown table id or name
-  Corrupt = 4,          // a checkpoint file that is damaged, truncated or does not match
-  Io = 5,               // the operating system refused a file operation
-  Full = 6,             // out of memory, or a shard reached its row capacity (--max-memory)
-  Unavailable = 7,      // a server could not be reached or did not answer within the timeout
-  PermissionDenied = 8, // a wrong or missing token
-  Protocol = 9,         // a malformed frame, a wrong protocol version, an unknown opcode
+  InvalidArgument = 1,   // a malformed request: bad config, bad init rule, inconsistent offsets, ...
+  OutOfRange = 2,        // a row id or byte range outside the table
+  NotFound = 3,          // an unknown table id or name
+  Corrupt = 4,           // a checkpoint file that is damaged, truncated or does not match
+  Io = 5,                // the operating system refused a file operation
+  Full = 6,              // out of memory, or a shard reached its row capacity (--max-memory)
+  Unavailable = 7,       // a server could not be reached or did not answer within the timeout
+  PermissionDenied = 8,  // a wrong or missing token
+  Protocol = 9,          // a malformed frame, a wrong protocol version, an unknown opcode
 };
 
 class StoreError : public std::runtime_error {

@@ -108,9 +108,10 @@ bool writer_is_gone(const std::string& suffix, const struct stat& status) {
 // stop the save that found it.
 void remove_dead_writers_temp_files(const std::string& path) {
   try {
-    for_each_temp_file(path, [](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
-      if (writer_is_gone(suffix, status)) ::unlinkat(dir_fd, name.c_str(), 0);
-    });
+    for_each_temp_file(path,
+                       [](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
+                         if (writer_is_gone(suffix, status)) ::unlinkat(dir_fd, name.c_str(), 0);
+                       });
   } catch (const StoreError&) {
     // An unlistable directory: creating the temporary file next reports what is wrong with it.
   }

@@ -66,16 +66,14 @@ class FrequencySketch {
     uint64_t& word = words_[cell >> cells_per_word_log2_];
     word = (word & ~(uint64_t{limit_} << shift_of(cell))) | (uint64_t{count} << shift_of(cell));
   }
-  unsigned shift_of(uint32_t cell) const {
-    return (cell & ((1u << cells_per_word_log2_) - 1)) * bits_;
-  }
+  unsigned shift_of(uint32_t cell) const { return (cell & ((1u << cells_per_word_log2_) - 1)) * bits_; }
 
   size_t width_;
-  unsigned bits_;                  // per counter: 2, 4, 8 or 16
-  unsigned cells_per_word_log2_;   // log2(64 / bits_)
-  uint32_t limit_;                 // 2^bits_ - 1
-  uint64_t halving_mask_;          // each counter's bits but its top one, as a halved word keeps them
-  std::vector<uint64_t> words_;    // kDepth rows of width_ counters, packed
+  unsigned bits_;                 // per counter: 2, 4, 8 or 16
+  unsigned cells_per_word_log2_;  // log2(64 / bits_)
+  uint32_t limit_;                // 2^bits_ - 1
+  uint64_t halving_mask_;         // each counter's bits but its top one, as a halved word keeps them
+  std::vector<uint64_t> words_;   // kDepth rows of width_ counters, packed
   uint64_t since_aging_ = 0;
 };
 

@@ -72,15 +72,15 @@ bool all_finite_values(ElementType type, const G* values, size_t count) {
 }
 
 template <class G>
-void refuse_first_non_finite(ElementType type, const uint64_t* ids, size_t n, const G* const* rows,
-                             uint32_t elements, const std::string& label) {
+void refuse_first_non_finite(ElementType type, const uint64_t* ids, size_t n, const G* const* rows, uint32_t elements,
+                             const std::string& label) {
   for (size_t i = 0; i < n; ++i) {
     for (uint32_t d = 0; d < elements; ++d) {
       if (const double value = element_value(type, rows[i][d]); !std::isfinite(value)) {
-        throw StoreError(ErrorCode::InvalidArgument,
-                         "update of " + label + " refused: the gradient of row id " + std::to_string(ids[i]) +
-                             " (ids[" + std::to_string(i) + "]) holds " + (std::isnan(value) ? "nan" : "inf") +
-                             " at column " + std::to_string(d) + "; nothing was applied");
+        throw StoreError(ErrorCode::InvalidArgument, "update of " + label + " refused: the gradient of row id " +
+                                                         std::to_string(ids[i]) + " (ids[" + std::to_string(i) +
+                                                         "]) holds " + (std::isnan(value) ? "nan" : "inf") +
+                                                         " at column " + std::to_string(d) + "; nothing was applied");
       }
     }
   }

@@ -20,8 +20,8 @@ bool all_finite_values(ElementType type, const G* values, size_t count);
 // Throws StoreError(InvalidArgument) naming the first non-finite value of rows[0 .. n) (each
 // `elements` values of G, as above) in batch order; returns if there is none. label: "table 3".
 template <class G>
-void refuse_first_non_finite(ElementType type, const uint64_t* ids, size_t n, const G* const* rows,
-                             uint32_t elements, const std::string& label);
+void refuse_first_non_finite(ElementType type, const uint64_t* ids, size_t n, const G* const* rows, uint32_t elements,
+                             const std::string& label);
 
 // Throws the StoreError(InvalidArgument) of a row whose summed duplicates overflow to inf.
 [[noreturn]] void refuse_overflowing_sum(uint64_t row_id, uint32_t column, const std::string& label);

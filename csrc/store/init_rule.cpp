@@ -138,8 +138,8 @@ RECDEV_STORE_AVX2_FMA PhiloxRoundKeys philox_round_keys(PhiloxKey key) {
 // products. _mm256_mul_epu32 reads only the low half of each lane, so the rounds leave garbage in the
 // high halves and one mask at the end clears it.
 [[gnu::always_inline]] inline RECDEV_STORE_AVX2_FMA void philox_4_blocks(uint32_t first_block, uint64_t row_id,
-                                                                          const PhiloxRoundKeys& keys,
-                                                                          __m256i words[4]) {
+                                                                         const PhiloxRoundKeys& keys,
+                                                                         __m256i words[4]) {
   const __m256i multiplier0 = _mm256_set1_epi64x(kPhiloxMultiplier0);
   const __m256i multiplier1 = _mm256_set1_epi64x(kPhiloxMultiplier1);
   __m256i c0 = _mm256_add_epi64(_mm256_set1_epi64x(first_block), _mm256_setr_epi64x(0, 1, 2, 3));
@@ -170,9 +170,9 @@ RECDEV_STORE_AVX2_FMA __m256d log_of_unit(__m256i word) {
   const __m256d two_pow_52 = _mm256_set1_pd(0x1p52);
   // word + 1 <= 2^32, exact in the low bits of 2^52's mantissa; scaling by 2^-32 is exact.
   const __m256i n = _mm256_add_epi64(word, _mm256_set1_epi64x(1));
-  const __m256d x = _mm256_mul_pd(
-      _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two_pow_52))), two_pow_52),
-      _mm256_set1_pd(kInvTwoPow32));
+  const __m256d x =
+      _mm256_mul_pd(_mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(n, _mm256_castpd_si256(two_pow_52))), two_pow_52),
+                    _mm256_set1_pd(kInvTwoPow32));
   const __m256i bits = _mm256_castpd_si256(x);
   const __m256i mantissa = _mm256_and_si256(bits, mantissa_bits);
   // 1 where the mantissa is sqrt(2)'s or more: m is then taken in [sqrt(1/2), 1), k one higher.
@@ -187,8 +187,8 @@ RECDEV_STORE_AVX2_FMA __m256d log_of_unit(__m256i word) {
   const __m256d z = _mm256_mul_pd(s, s);
   const __m256d w = _mm256_mul_pd(z, z);
   // fdlibm's Lg1 .. Lg7: log(1 + f) = f - f^2/2 + s (f^2/2 + z (Lg1 + Lg3 w + ...) + w (Lg2 + ...)).
-  constexpr std::array<double, 4> kOdd = {6.666666666666735130e-01, 2.857142874366239149e-01,
-                                          1.818357216161805012e-01, 1.479819860511658591e-01};
+  constexpr std::array<double, 4> kOdd = {6.666666666666735130e-01, 2.857142874366239149e-01, 1.818357216161805012e-01,
+                                          1.479819860511658591e-01};
   constexpr std::array<double, 3> kEven = {3.999999999940941908e-01, 2.222219843214978396e-01,
                                            1.531383769920937332e-01};
   const __m256d odd = _mm256_mul_pd(z, polynomial(w, kOdd));
@@ -237,9 +237,9 @@ RECDEV_STORE_AVX2_FMA __m128 round_to_float(__m256d mean, __m256d scale, __m256d
   const __m256d underflow_error = _mm256_set1_pd(0x1p-200);
   const __m256d sign_bit = _mm256_set1_pd(-0.0);
   const __m256d value = _mm256_fmadd_pd(scale, trig, mean);
-  const __m256d bound = _mm256_fmadd_pd(
-      _mm256_andnot_pd(sign_bit, scale), scale_error,
-      _mm256_fmadd_pd(_mm256_andnot_pd(sign_bit, value), value_error, underflow_error));
+  const __m256d bound =
+      _mm256_fmadd_pd(_mm256_andnot_pd(sign_bit, scale), scale_error,
+                      _mm256_fmadd_pd(_mm256_andnot_pd(sign_bit, value), value_error, underflow_error));
   const __m128 low = _mm256_cvtpd_ps(_mm256_sub_pd(value, bound));
   const __m128 high = _mm256_cvtpd_ps(_mm256_add_pd(value, bound));
   // Equal as floats (which fails for a nan) and as bits (which fails for -0 and +0).
@@ -251,8 +251,7 @@ RECDEV_STORE_AVX2_FMA __m128 round_to_float(__m256d mean, __m256d scale, __m256d
 
 // Elements [first, first + 16) of a row, i.e. blocks first / 4 .. first / 4 + 3, into out[0, 16).
 RECDEV_STORE_AVX2_FMA void normal_16(const TurnTable& table, double mean, double std, const PhiloxRoundKeys& keys,
-                                     uint64_t row_id,
-                                     uint32_t first, float* out) {
+                                     uint64_t row_id, uint32_t first, float* out) {
   __m256i words[4];
   philox_4_blocks(first / 4, row_id, keys, words);
   // Pair 0 of each block is (word 0, word 1), pair 1 (word 2, word 3).
@@ -310,7 +309,8 @@ RECDEV_STORE_AVX2_FMA void uniform_16(double lower, double width, float upper, f
   philox_4_blocks(first / 4, row_id, keys, words);
   __m128 lanes[4];  // element j of each block in lanes[j]
   for (int j = 0; j < 4; ++j) {
-    const __m256d unit = _mm256_mul_pd(small_ints_to_double(_mm256_srli_epi64(words[j], 8)), _mm256_set1_pd(kInvTwoPow24));
+    const __m256d unit =
+        _mm256_mul_pd(small_ints_to_double(_mm256_srli_epi64(words[j], 8)), _mm256_set1_pd(kInvTwoPow24));
     const __m256d offset = rounded_product(_mm256_mul_pd(_mm256_set1_pd(width), unit));
     const __m128 value = _mm256_cvtpd_ps(_mm256_add_pd(_mm256_set1_pd(lower), offset));
     lanes[j] = _mm_blendv_ps(value, _mm_set1_ps(below_upper), _mm_cmpge_ps(value, _mm_set1_ps(upper)));
@@ -319,12 +319,13 @@ RECDEV_STORE_AVX2_FMA void uniform_16(double lower, double width, float upper, f
   for (int block = 0; block < 4; ++block) _mm_storeu_ps(out + 4 * block, lanes[block]);
 }
 
-RECDEV_STORE_AVX2_FMA void fill_uniform_avx2(double lower, double upper, float upper_f, float below_upper, PhiloxKey key,
-                                             uint64_t row_id, uint32_t dim, float* out) {
+RECDEV_STORE_AVX2_FMA void fill_uniform_avx2(double lower, double upper, float upper_f, float below_upper,
+                                             PhiloxKey key, uint64_t row_id, uint32_t dim, float* out) {
   const PhiloxRoundKeys keys = philox_round_keys(key);
   const double width = upper - lower;
   uint32_t first = 0;
-  for (; first + 16 <= dim; first += 16) uniform_16(lower, width, upper_f, below_upper, keys, row_id, first, out + first);
+  for (; first + 16 <= dim; first += 16)
+    uniform_16(lower, width, upper_f, below_upper, keys, row_id, first, out + first);
   if (first < dim) {
     float tail[16];
     uniform_16(lower, width, upper_f, below_upper, keys, row_id, first, tail);
@@ -389,10 +390,8 @@ std::string describe(const InitRule& rule) {
   switch (rule.kind) {
     case InitKind::Zero: return "Zero()";
     case InitKind::Constant: return "Constant(value=" + format_number(rule.a) + ")";
-    case InitKind::Normal:
-      return "Normal(mean=" + format_number(rule.a) + ", std=" + format_number(rule.b) + seed;
-    case InitKind::Uniform:
-      return "Uniform(lower=" + format_number(rule.a) + ", upper=" + format_number(rule.b) + seed;
+    case InitKind::Normal: return "Normal(mean=" + format_number(rule.a) + ", std=" + format_number(rule.b) + seed;
+    case InitKind::Uniform: return "Uniform(lower=" + format_number(rule.a) + ", upper=" + format_number(rule.b) + seed;
     case InitKind::Xavier: return "Xavier(seed=" + std::to_string(rule.seed) + ")";
   }
   return "UnknownInitKind(" + std::to_string(uint32_t(rule.kind)) + ")";
@@ -402,8 +401,7 @@ void validate_init_rule(const InitRule& rule) {
   switch (rule.kind) {
     case InitKind::Zero:
     case InitKind::Constant:
-    case InitKind::Xavier:
-      return;
+    case InitKind::Xavier: return;
     case InitKind::Normal:
       if (!std::isfinite(rule.a) || !std::isfinite(rule.b)) invalid(rule, "mean and std must be finite");
       if (rule.b < 0) invalid(rule, "std must be >= 0");
@@ -417,21 +415,12 @@ void validate_init_rule(const InitRule& rule) {
   invalid(rule, "unknown init kind");
 }
 
-void fill_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim, uint64_t num_rows,
-              float* out) {
+void fill_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim, uint64_t num_rows, float* out) {
   switch (rule.kind) {
-    case InitKind::Zero:
-      std::fill(out, out + dim, 0.0f);
-      return;
-    case InitKind::Constant:
-      std::fill(out, out + dim, float(rule.a));
-      return;
-    case InitKind::Normal:
-      fill_normal(rule.a, rule.b, philox_key(rule.seed, table_id), row_id, dim, out);
-      return;
-    case InitKind::Uniform:
-      fill_uniform(rule.a, rule.b, philox_key(rule.seed, table_id), row_id, dim, out);
-      return;
+    case InitKind::Zero: std::fill(out, out + dim, 0.0f); return;
+    case InitKind::Constant: std::fill(out, out + dim, float(rule.a)); return;
+    case InitKind::Normal: fill_normal(rule.a, rule.b, philox_key(rule.seed, table_id), row_id, dim, out); return;
+    case InitKind::Uniform: fill_uniform(rule.a, rule.b, philox_key(rule.seed, table_id), row_id, dim, out); return;
     case InitKind::Xavier: {
       const double bound = std::sqrt(6.0 / (double(dim) + double(num_rows)));
       fill_uniform(-bound, bound, philox_key(rule.seed, table_id), row_id, dim, out);

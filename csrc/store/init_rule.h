@@ -42,7 +42,6 @@ void validate_init_rule(const InitRule& rule);
 
 // Writes the initial value of row `row_id` of table `table_id` (dim floats) to out.
 // Precondition: validate_init_rule(rule) passed. num_rows is only used by Xavier.
-void fill_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim, uint64_t num_rows,
-              float* out);
+void fill_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim, uint64_t num_rows, float* out);
 
 }  // namespace recdev::store

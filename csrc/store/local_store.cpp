@@ -43,8 +43,8 @@ void LocalTable::erase(const uint64_t* ids, size_t n) { table_->erase(ids, n); }
 TableStats LocalTable::stats() const { return table_->stats(); }
 void LocalTable::set_policy(const TablePolicyConfig& config) { table_->set_policy(config); }
 TablePolicyConfig LocalTable::policy() const { return table_->policy(); }
-std::optional<Table::PolicyState> LocalTable::policy_state() const { return table_->policy_state(); }
-void LocalTable::restore_policy_state(const Table::PolicyState& state) { table_->restore_policy_state(state); }
+std::optional<TablePolicyState> LocalTable::policy_state() const { return table_->policy_state(); }
+void LocalTable::restore_policy_state(const TablePolicyState& state) { table_->restore_policy_state(state); }
 
 void LocalTable::set_optimizer(const OptimizerConfig& config) { table_->set_optimizer(config); }
 OptimizerConfig LocalTable::optimizer() const { return table_->optimizer(); }
@@ -81,7 +81,8 @@ std::shared_ptr<TableHandle> EmbeddedStoreClient::create_table(const TableConfig
   return std::make_shared<LocalTable>(store_.table(id));
 }
 
-std::shared_ptr<TableHandle> EmbeddedStoreClient::declare(const std::string& name, const TableDeclaration& declaration) {
+std::shared_ptr<TableHandle> EmbeddedStoreClient::declare(const std::string& name,
+                                                          const TableDeclaration& declaration) {
   return std::make_shared<LocalTable>(store_.table(store_.declare_table(name, declaration).id));
 }
 

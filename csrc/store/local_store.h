@@ -19,8 +19,14 @@ class LocalTable final : public TableHandle {
   uint64_t id() const override;
   TableConfig config() const override;
   uint64_t num_rows() const override { return table_->num_rows(); }
-  uint32_t dim() const override { return table_->dim(); }
+  uint32_t row_words() const override { return table_->row_words(); }
   bool in_process() const override { return true; }
+  // Pools and takes bag gradients of every type it computes in float32, rounding as CPU does; one
+  // request per batch only under a policy (otherwise kernels may split a batch over threads).
+  RowPathTraits row_path_traits() const override {
+    const bool pools = computes_in_float32(table_->dtype());
+    return RowPathTraits{pools, pools, table_->has_policy()};
+  }
   uint64_t init_stream() const override;
 
   void set_init(const InitRule& rule) override;
@@ -38,8 +44,8 @@ class LocalTable final : public TableHandle {
   TableStats stats() const override;
   void set_policy(const TablePolicyConfig& config) override;
   TablePolicyConfig policy() const override;
-  std::optional<Table::PolicyState> policy_state() const override;
-  void restore_policy_state(const Table::PolicyState& state) override;
+  std::optional<TablePolicyState> policy_state() const override;
+  void restore_policy_state(const TablePolicyState& state) override;
 
   void set_optimizer(const OptimizerConfig& config) override;
   OptimizerConfig optimizer() const override;
@@ -51,7 +57,6 @@ class LocalTable final : public TableHandle {
   void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
                      const void* bag_grads) override;
-  bool pools_gradients() const override { return computes_in_float32(table_->dtype()); }
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
   void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const override;
   TableSnapshot snapshot() const override;

@@ -104,7 +104,7 @@ void adagrad(T* weight, T* state, const T* grad, uint32_t begin, uint32_t end, T
 // so the results are bit-identical. (Without the hardware fma, std::fma is a library call per
 // element, which dominated the update.)
 RECDEV_STORE_AVX2_FMA uint32_t adagrad_avx2(float* weight, float* state, const float* grad, uint32_t dim,
-                                           float weight_decay, float eps, float neg_clr) {
+                                            float weight_decay, float eps, float neg_clr) {
   const __m256 decay = _mm256_set1_ps(weight_decay);
   const __m256 epsilon = _mm256_set1_ps(eps);
   const __m256 step = _mm256_set1_ps(neg_clr);
@@ -231,8 +231,8 @@ template <class L, class Elements>
 // operations, which a half row's step, needing half the cache lines of a float32 one, is bound on.
 template <size_t kLanes, class Weights, class Grads, bool kDecay>
 [[gnu::always_inline]] inline void rowwise_adagrad_lanes(typename Weights::Element* weight, float* state,
-                                                       const typename Grads::Element* grad, uint32_t dim, double lr,
-                                                       double weight_decay, double eps) {
+                                                         const typename Grads::Element* grad, uint32_t dim, double lr,
+                                                         double weight_decay, double eps) {
   using L = Lanes<kLanes>;
   using Doubles = typename L::Doubles;
   constexpr size_t kSums = 8 / kLanes;  // the 8 lanes of sums: two vectors of 4, or one of 8
@@ -296,8 +296,8 @@ template <size_t kLanes, class Weights, class Grads, bool kDecay>
 // at the widest vectors this CPU has.
 template <class Weights, class Grads, size_t kLanes>
 [[gnu::always_inline]] inline void rowwise_adagrad_any_decay(typename Weights::Element* weight, float* state,
-                                                                     const typename Grads::Element* grad, uint32_t dim,
-                                                                     double lr, double weight_decay, double eps) {
+                                                             const typename Grads::Element* grad, uint32_t dim,
+                                                             double lr, double weight_decay, double eps) {
   if (weight_decay != 0) {
     rowwise_adagrad_lanes<kLanes, Weights, Grads, true>(weight, state, grad, dim, lr, weight_decay, eps);
   } else {
@@ -351,9 +351,9 @@ void rowwise_adagrad_half(ElementType type, uint16_t* weight, float* state, cons
 bool operator==(const OptimizerConfig& lhs, const OptimizerConfig& rhs) {
   return lhs.kind == rhs.kind && same_bits(lhs.lr, rhs.lr) && same_bits(lhs.weight_decay, rhs.weight_decay) &&
          same_bits(lhs.eps, rhs.eps) && same_bits(lhs.lr_decay, rhs.lr_decay) &&
-         same_bits(lhs.initial_accumulator_value, rhs.initial_accumulator_value) &&
-         same_bits(lhs.beta1, rhs.beta1) && same_bits(lhs.beta2, rhs.beta2) &&
-         lhs.stochastic_rounding == rhs.stochastic_rounding && lhs.rounding_seed == rhs.rounding_seed;
+         same_bits(lhs.initial_accumulator_value, rhs.initial_accumulator_value) && same_bits(lhs.beta1, rhs.beta1) &&
+         same_bits(lhs.beta2, rhs.beta2) && lhs.stochastic_rounding == rhs.stochastic_rounding &&
+         lhs.rounding_seed == rhs.rounding_seed;
 }
 
 uint64_t rounding_key(uint64_t seed, uint64_t row_id, uint64_t step) {
@@ -362,13 +362,13 @@ uint64_t rounding_key(uint64_t seed, uint64_t row_id, uint64_t step) {
 
 bool operator!=(const OptimizerConfig& lhs, const OptimizerConfig& rhs) { return !(lhs == rhs); }
 
-uint32_t optimizer_state_floats(OptimizerKind kind, uint32_t dim) {
+uint32_t optimizer_state_elements(OptimizerKind kind, uint32_t elements) {
   switch (kind) {
     case OptimizerKind::None:
     case OptimizerKind::SGD: return 0;
-    case OptimizerKind::Adagrad: return dim;
+    case OptimizerKind::Adagrad: return elements;
     case OptimizerKind::RowWiseAdagrad: return 1;
-    case OptimizerKind::Adam: return 2 * dim;  // callers bound dim so that this cannot overflow
+    case OptimizerKind::Adam: return 2 * elements;  // callers bound elements so that this cannot overflow
   }
   return 0;
 }
@@ -440,7 +440,8 @@ void validate_optimizer(const OptimizerConfig& config) {
   non_negative("lr_decay", config.lr_decay);
   non_negative("initial_accumulator_value", config.initial_accumulator_value);
   const auto beta = [&](const char* field, double value) {
-    if (!(value >= 0 && value < 1)) invalid(std::string(field) + " must be in [0, 1) (got " + format_number(value) + ")");
+    if (!(value >= 0 && value < 1))
+      invalid(std::string(field) + " must be in [0, 1) (got " + format_number(value) + ")");
   };
   beta("beta1", config.beta1);
   beta("beta2", config.beta2);

@@ -64,22 +64,22 @@ enum class OptimizerKind : uint32_t { None = 0, SGD = 1, Adagrad = 2, RowWiseAda
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::None;
   double lr = 0.01;
-  double weight_decay = 0;              // SGD, Adagrad, RowWiseAdagrad
-  double eps = 1e-10;                   // Adagrad, RowWiseAdagrad, Adam
-  double lr_decay = 0;                  // Adagrad
-  double initial_accumulator_value = 0; // Adagrad
-  double beta1 = 0.9;                   // Adam
-  double beta2 = 0.999;                 // Adam
-  bool stochastic_rounding = false;     // any kind but None; float16/bfloat16 tables
-  uint64_t rounding_seed = 0;           // with stochastic_rounding only (0 otherwise)
+  double weight_decay = 0;               // SGD, Adagrad, RowWiseAdagrad
+  double eps = 1e-10;                    // Adagrad, RowWiseAdagrad, Adam
+  double lr_decay = 0;                   // Adagrad
+  double initial_accumulator_value = 0;  // Adagrad
+  double beta1 = 0.9;                    // Adam
+  double beta2 = 0.999;                  // Adam
+  bool stochastic_rounding = false;      // any kind but None; float16/bfloat16 tables
+  uint64_t rounding_seed = 0;            // with stochastic_rounding only (0 otherwise)
 };
 
 // Bitwise equality of every field.
 bool operator==(const OptimizerConfig& lhs, const OptimizerConfig& rhs);
 bool operator!=(const OptimizerConfig& lhs, const OptimizerConfig& rhs);
 
-// Optimizer-state floats per row: None and SGD 0, Adagrad dim, RowWiseAdagrad 1, Adam 2 * dim.
-uint32_t optimizer_state_floats(OptimizerKind kind, uint32_t dim);
+// Optimizer-state words per row: None and SGD 0, Adagrad dim, RowWiseAdagrad 1, Adam 2 * dim.
+uint32_t optimizer_state_elements(OptimizerKind kind, uint32_t dim);
 
 // The value every state float of a newly materialized row starts at (Adagrad:
 // initial_accumulator_value; otherwise 0).
@@ -104,7 +104,7 @@ uint64_t rounding_key(uint64_t seed, uint64_t row_id, uint64_t step);
 class RowUpdate {
  public:
   RowUpdate(const OptimizerConfig& config, uint64_t step, uint32_t dim);
-  // weight: dim floats, state: optimizer_state_floats(kind, dim) floats, grad: dim floats (the row's
+  // weight: dim floats, state: optimizer_state_elements(kind, dim) floats, grad: dim floats (the row's
   // summed gradient).
   void apply(float* weight, float* state, const float* grad) const;
   // The same rule in float64, for float64 tables: every scalar and every operation in double (torch's

@@ -25,8 +25,8 @@ inline PhiloxCounter philox4x32_10(PhiloxCounter ctr, PhiloxKey key) {
   for (int round = 0; round < kPhiloxRounds; ++round) {
     const uint64_t product0 = uint64_t{kPhiloxMultiplier0} * ctr[0];
     const uint64_t product1 = uint64_t{kPhiloxMultiplier1} * ctr[2];
-    ctr = {uint32_t(product1 >> 32) ^ ctr[1] ^ key[0], uint32_t(product1),
-           uint32_t(product0 >> 32) ^ ctr[3] ^ key[1], uint32_t(product0)};
+    ctr = {uint32_t(product1 >> 32) ^ ctr[1] ^ key[0], uint32_t(product1), uint32_t(product0 >> 32) ^ ctr[3] ^ key[1],
+           uint32_t(product0)};
     key[0] += kPhiloxWeyl0;
     key[1] += kPhiloxWeyl1;
   }

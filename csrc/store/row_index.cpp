@@ -17,7 +17,7 @@ constexpr size_t kMaxCapacity = size_t{1} << 32;
 // Bucket arrays from this size on come from the chunk pool (chunk_pool.h), on huge pages.
 constexpr size_t kMinPooledBucketBytes = size_t{128} << 10;
 
-size_t record_bytes_for(uint32_t record_floats) { return std::max<size_t>(1, record_floats) * sizeof(float); }
+size_t record_bytes_for(uint32_t record_words) { return std::max<size_t>(1, record_words) * sizeof(float); }
 
 // Load factor <= 0.8.
 bool over_max_load(size_t rows, size_t capacity) { return rows * 5 > capacity * 4; }
@@ -26,7 +26,7 @@ size_t next_power_of_two(size_t value) { return value <= 1 ? 1 : size_t{1} << (6
 
 }  // namespace
 
-RowIndex::RowIndex(uint32_t record_floats) : arena_(record_bytes_for(record_floats)), ids_(sizeof(uint64_t)) {}
+RowIndex::RowIndex(uint32_t record_words) : arena_(record_bytes_for(record_words)), ids_(sizeof(uint64_t)) {}
 
 void RowIndex::insert_bucket(const Bucket& entry) {
   size_t bucket = entry.hash & mask_;
@@ -95,8 +95,8 @@ void RowIndex::grow_to(size_t new_capacity) {
   try {
     rehash(new_capacity);
   } catch (const std::bad_alloc&) {
-    throw StoreError(ErrorCode::Full, "out of memory growing the row index to " + std::to_string(new_capacity) +
-                                          " buckets");
+    throw StoreError(ErrorCode::Full,
+                     "out of memory growing the row index to " + std::to_string(new_capacity) + " buckets");
   }
 }
 

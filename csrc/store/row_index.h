@@ -33,7 +33,7 @@ inline uint64_t hash_row_id(uint64_t row_id) { return mix64(row_id); }
 
 class RowIndex {
  public:
-  explicit RowIndex(uint32_t record_floats = 0);
+  explicit RowIndex(uint32_t record_words = 0);
   // Moving leaves the source empty (and usable); copying a whole sub-shard is never intended.
   RowIndex(RowIndex&& other) noexcept;
   RowIndex& operator=(RowIndex&& other) noexcept;
@@ -43,7 +43,7 @@ class RowIndex {
   // A copy of every row, bucket array and arenas copied whole: a memory copy, no row re-inserted.
   // Throws std::bad_alloc.
   RowIndex copy() const;
-  // Every row's id and record, in slot order, to size() ids and size() records of record_floats floats.
+  // Every row's id and record, in slot order, to size() ids and size() records of record_words floats.
   void copy_out(uint64_t* ids, float* records) const {
     ids_.copy_out(reinterpret_cast<std::byte*>(ids));
     arena_.copy_out(reinterpret_cast<std::byte*>(records));
@@ -93,7 +93,7 @@ class RowIndex {
   // Every byte held: the bucket array and the arenas.
   size_t bytes() const { return capacity_ * sizeof(Bucket) + arena_.bytes() + ids_.bytes(); }
 
-  // Calls fn(row_id, const float* record_floats) for every row, in slot order.
+  // Calls fn(row_id, const float* record_words) for every row, in slot order.
   template <class Fn>
   void for_each(Fn&& fn) const {
     for (size_t slot = 0; slot < arena_.size(); ++slot) fn(id_at(slot), static_cast<const float*>(floats_at(slot)));
@@ -133,11 +133,11 @@ class RowIndex {
   // capacity buckets from the chunk pool (on huge pages once large: every lookup reads a random one).
   static ChunkPtr allocate_buckets(size_t capacity);
 
-  SlabArena arena_;  // the records: record_floats floats each
+  SlabArena arena_;  // the records: record_words floats each
   SlabArena ids_;    // the row id of each slot
   ChunkPtr bucket_memory_;
   Bucket* buckets_ = nullptr;  // in bucket_memory_
-  size_t capacity_ = 0;  // a power of two, or 0 before the first insert
+  size_t capacity_ = 0;        // a power of two, or 0 before the first insert
   size_t mask_ = 0;
 };
 

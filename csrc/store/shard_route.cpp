@@ -2,8 +2,7 @@
 
 namespace recdev::store {
 
-ShardRoute::ShardRoute(const uint64_t* ids, size_t n)
-    : positions_(new size_t[n]), hashes_(new uint64_t[n]) {
+ShardRoute::ShardRoute(const uint64_t* ids, size_t n) : positions_(new size_t[n]), hashes_(new uint64_t[n]) {
   std::array<size_t, kNumShards> counts{};
   for (size_t i = 0; i < n; ++i) ++counts[shard_of(hash_row_id(ids[i]))];
   for (size_t shard = 0; shard < kNumShards; ++shard) bounds_[shard + 1] = bounds_[shard] + counts[shard];

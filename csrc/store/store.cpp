@@ -31,9 +31,9 @@ uint64_t Store::create_named_table(const std::string& name, const TableConfig& c
   std::lock_guard<std::mutex> lock(mutex_);
   if (const auto found = ids_by_name_.find(name); found != ids_by_name_.end()) {
     const TableConfig existing = tables_.at(found->second).table->config();
-    // state_floats is not compared: it follows the table's optimizer, which set_optimizer changes.
-    if (existing.num_rows != config.num_rows || existing.dim != config.dim || existing.init != config.init ||
-        existing.dtype != config.dtype) {
+    // state_words is not compared: it follows the table's optimizer, which set_optimizer changes.
+    if (existing.num_rows != config.num_rows || existing.row_words != config.row_words ||
+        existing.init != config.init || existing.dtype != config.dtype) {
       throw StoreError(ErrorCode::InvalidArgument, "table '" + name + "' already exists with " + describe(existing) +
                                                        ", which differs from the requested " + describe(config));
     }
@@ -49,7 +49,7 @@ uint64_t Store::create_named_table(const std::string& name, const TableConfig& c
 DeclaredTable Store::declare_table(const std::string& name, const TableDeclaration& declaration) {
   if (name.empty()) throw StoreError(ErrorCode::InvalidArgument, "a named table needs a non-empty name");
   TableConfig config = declaration.config;
-  config.state_floats = 0;
+  config.state_words = 0;
   validate_table_config(config);
   if (declaration.optimizer) validate_optimizer(*declaration.optimizer);
   std::shared_ptr<Table> dropped;  // a replaced table, destroyed after the lock is released
@@ -69,7 +69,8 @@ DeclaredTable Store::declare_table(const std::string& name, const TableDeclarati
     }
     // In place only when the rows keep their shape and type, so that other clients' handles stay
     // valid and read what they expect; a handle of another dtype must never see these bytes.
-    if (existing.num_rows == config.num_rows && existing.dim == config.dim && existing.dtype == config.dtype) {
+    if (existing.num_rows == config.num_rows && existing.row_words == config.row_words &&
+        existing.dtype == config.dtype) {
       table->reset(declaration.declares_init ? config.init : existing.init,
                    declared_optimizer(declaration, table->optimizer()).value_or(table->optimizer()));
       result.id = found->second;

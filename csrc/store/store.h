@@ -43,7 +43,7 @@ class Store {
   // same seed gives the same table whatever tables were created before.
   uint64_t create_table(const TableConfig& config, std::optional<uint64_t> init_stream = std::nullopt);
   // Returns the id of the table named `name`, creating it if there is none. An existing table must
-  // have config's num_rows, dim and init rule, else StoreError(InvalidArgument); its state_floats is
+  // have config's num_rows, row_words and init rule, else StoreError(InvalidArgument); its state_words is
   // not compared, since it follows the table's optimizer (Table::set_optimizer), which another client
   // may have attached since.
   uint64_t create_named_table(const std::string& name, const TableConfig& config);

@@ -1,18 +1,18 @@
-// Table: one embedding table of the store — num_rows rows of dim 4-byte words of weights, in the
+// Table: one embedding table of the store — num_rows rows of row_words 4-byte words of weights, in the
 // table's element type (element_type.h: float32, float16, bfloat16, float64, or bytes), of which only
 // the rows that were touched are held in memory. A row that was never written (or was erased) reads as
 // its init value (init_rule.h); reading it through gather materializes it.
 //
-// Layout of a materialized row's record: [dim words of weights in the element type | state_floats
+// Layout of a materialized row's record: [row_words words of weights in the element type | state_words
 // words of optimizer state, in the compute type: float32, or float64 for float64 tables].
 // New records start with their init value and the optimizer's initial state (optimizer.h; 0 without
 // an optimizer).
 //
 // Optimizer: a table may carry a fused optimizer (set_optimizer); update() then applies gradients to
 // rows through it, under each row's sub-shard lock, so concurrent updates of the same rows all apply
-// (none is lost) and readers never see a half-updated row. state_floats always equals
-// optimizer_state_floats(optimizer kind, dim) once an optimizer was set; a table created with
-// state_floats > 0 and no optimizer just carries that many zeroed floats per row.
+// (none is lost) and readers never see a half-updated row. state_words always equals
+// optimizer_state_words(optimizer kind, dtype, row_words) once an optimizer was set; a table created with
+// state_words > 0 and no optimizer just carries that many zeroed floats per row.
 //
 // Thread safety: every method may be called concurrently with every other. Rows are spread over
 // kNumShards sub-shards (shard_route.h), each guarded by a reader-writer lock; a row is only copied in
@@ -79,44 +79,44 @@ namespace recdev::store {
 
 struct TableConfig {
   uint64_t num_rows = 0;
-  // Weight words (4 bytes) per row: dim * 4 / element_bytes(dtype) elements.
-  uint32_t dim = 0;
+  // Weight words (4 bytes) per row: row_words * 4 / element_bytes(dtype) elements.
+  uint32_t row_words = 0;
   // Optimizer state per row, kept after the weight in the same record. Follows the optimizer:
   // set_optimizer (and a checkpoint load) change it.
-  uint32_t state_floats = 0;
+  uint32_t state_words = 0;
   InitRule init;
   ElementType dtype = ElementType::Float32;
 };
 
-// The elements of a row: dim * 4 / element_bytes(dtype).
+// The elements of a row: row_words * 4 / element_bytes(dtype).
 uint32_t row_elements(const TableConfig& config);
 // The optimizer-state words per row of a table of this type and width: the kind's state elements
-// (optimizer_state_floats of the row's elements) in the compute type.
-uint32_t optimizer_state_words(OptimizerKind kind, ElementType dtype, uint32_t dim);
+// (optimizer_state_elements of the row's elements) in the compute type.
+uint32_t optimizer_state_words(OptimizerKind kind, ElementType dtype, uint32_t row_words);
 
 bool operator==(const TableConfig& lhs, const TableConfig& rhs);
 bool operator!=(const TableConfig& lhs, const TableConfig& rhs);
 std::string describe(const TableConfig& config);
 
 // Throws StoreError(OutOfRange) unless [byte_offset, byte_offset + nbytes) lies within the dense
-// [num_rows, dim] float32 view of a table; `table` names it in the message. (128-bit: with sparse
+// [num_rows, row_words] float32 view of a table; `table` names it in the message. (128-bit: with sparse
 // 64-bit row ids, the dense view can exceed 2^64 bytes.)
-void check_dense_byte_range(uint64_t num_rows, uint32_t dim, uint64_t byte_offset, uint64_t nbytes,
+void check_dense_byte_range(uint64_t num_rows, uint32_t row_words, uint64_t byte_offset, uint64_t nbytes,
                             const std::string& table);
 
-// Throws StoreError(InvalidArgument) unless dim >= 1, a record is at most 1 GiB, the init rule is
-// valid, the element type is known, a float64 row is whole elements (even dim) and a bytes table's
+// Throws StoreError(InvalidArgument) unless row_words >= 1, a record is at most 1 GiB, the init rule is
+// valid, the element type is known, a float64 row is whole elements (even row_words) and a bytes table's
 // init rule is Zero. Any num_rows is fine: row ids may be sparse 64-bit keys.
 void validate_table_config(const TableConfig& config);
 
 struct TableStats {
   uint64_t num_rows;
-  uint32_t dim;
-  uint64_t rows;    // materialized rows
-  uint64_t bytes;   // all memory the table holds: records, index, sub-shards
-  uint64_t reads;   // rows returned by gather, gather_pooled and read_bytes since creation
-  uint64_t writes;  // rows written by write and write_bytes since creation
-  uint64_t updates; // rows moved by update since creation (distinct rows per call)
+  uint32_t row_words;
+  uint64_t rows;     // materialized rows
+  uint64_t bytes;    // all memory the table holds: records, index, sub-shards
+  uint64_t reads;    // rows returned by gather, gather_pooled and read_bytes since creation
+  uint64_t writes;   // rows written by write and write_bytes since creation
+  uint64_t updates;  // rows moved by update since creation (distinct rows per call)
   // With a policy (table_policy.h; bytes then includes its touch metadata and sketch):
   uint64_t evicted = 0;
   uint64_t admitted = 0;
@@ -132,7 +132,7 @@ struct TableScanHeader {
   uint64_t row_count;
 };
 
-// Where scan_into writes a table's rows: row_count ids, and row_count records of dim + state_floats
+// Where scan_into writes a table's rows: row_count ids, and row_count records of row_words + state_words
 // floats each.
 struct RowArrays {
   uint64_t* ids;
@@ -143,11 +143,11 @@ struct RowArrays {
 // at once with Table::install, so that a table is never seen half loaded.
 class RowSet {
  public:
-  explicit RowSet(uint32_t record_floats);
-  uint32_t record_floats() const { return record_floats_; }
+  explicit RowSet(uint32_t record_words);
+  uint32_t record_words() const { return record_words_; }
   // Adds a row with its whole record (weight and state). Returns false if the row is already there.
   bool insert(uint64_t row_id, const float* record);
-  // Adds rows ids[i] with records + i * record_floats() for i in [0, n), the sub-shards on several
+  // Adds rows ids[i] with records + i * record_words() for i in [0, n), the sub-shards on several
   // threads for a large n. Returns the position of the first id that repeats an earlier one (the
   // set then holds an unspecified part of the rows), or nullopt.
   std::optional<size_t> insert_all(const uint64_t* ids, const float* records, size_t n);
@@ -159,7 +159,7 @@ class RowSet {
 
  private:
   friend class Table;
-  uint32_t record_floats_;
+  uint32_t record_words_;
   std::vector<RowIndex> shards_;
 };
 
@@ -180,7 +180,7 @@ class Table {
 
   uint64_t id() const { return id_; }
   uint64_t num_rows() const { return num_rows_; }
-  uint32_t dim() const { return dim_; }
+  uint32_t row_words() const { return row_words_; }
   ElementType dtype() const { return dtype_; }
   TableConfig config() const;
   uint64_t init_stream() const;
@@ -194,24 +194,24 @@ class Table {
   // installed with step 0, so that a reset in place leaves what a reset that replaces the table does.
   void reset(const InitRule& rule, const OptimizerConfig& optimizer);
 
-  // out: n * dim floats. Materializes the rows that are not.
+  // out: n * row_words words. Materializes the rows that are not.
   void gather(const uint64_t* ids, size_t n, float* out);
 
   // Like gather, but a row that is not materialized gives its init value and stays unmaterialized.
   void peek(const uint64_t* ids, size_t n, float* out) const;
 
-  // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags * dim;
-  // max_positions (Max only, may be null) is num_bags * dim. Materializes the rows it reads; rows
+  // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags * row_words;
+  // max_positions (Max only, may be null) is num_bags * row_words. Materializes the rows it reads; rows
   // equal to padding_idx are neither read nor materialized. ignore_nan: EmbeddingBag::ignore_nan
   // (then max_positions is required).
-  void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
-                     PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                     int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan = nullptr);
+  void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, float* out,
+                     int64_t* max_positions, const uint8_t* ignore_nan = nullptr);
 
-  // rows: n * dim floats. With duplicate ids, the last one wins.
+  // rows: n * row_words words. With duplicate ids, the last one wins.
   void write(const uint64_t* ids, size_t n, const float* rows);
 
-  // The table seen as a dense [num_rows, dim] float32 array; a range may start and end anywhere.
+  // The table seen as a dense [num_rows, row_words] float32 array; a range may start and end anywhere.
   // read_bytes computes the init value of rows that are not materialized without materializing
   // them; write_bytes materializes the rows it writes (a partly written row keeps its init value in
   // the rest).
@@ -248,17 +248,12 @@ class Table {
   // (TablePolicy::check).
   void check_policy(const uint64_t* ids, size_t n, Touch touch);
   TablePolicyConfig policy() const;
+  // Whether the table has a policy now (without taking the policy lock).
+  bool has_policy() const { return has_policy_.load(std::memory_order_acquire); }
   // The rows' touch metadata and the policy's clocks and sketch, consistent with the rows, for
   // checkpoints; restore_policy_state installs them after the rows (nullopt if there is no policy).
-  struct PolicyState {
-    TablePolicyConfig config;
-    std::vector<RowTouch> touches;
-    TablePolicy::Clocks clocks;
-    std::vector<uint16_t> sketch;
-    uint64_t sketch_since_aging;
-  };
-  std::optional<PolicyState> policy_state() const;
-  void restore_policy_state(const PolicyState& state);
+  std::optional<TablePolicyState> policy_state() const;
+  void restore_policy_state(const TablePolicyState& state);
 
   // ---- Fused optimizer (optimizer.h) ----
 
@@ -276,7 +271,7 @@ class Table {
   uint64_t optimizer_step() const;
   void set_optimizer_step(uint64_t step);
 
-  // Applies one optimizer step: grads is n * dim words of the table's element type, row i of it the
+  // Applies one optimizer step: grads is n * row_words words of the table's element type, row i of it the
   // gradient of row ids[i] (float16 and bfloat16 gradients are widened to float32 exactly, then
   // summed and applied in float32; float64 ones in float64).
   // Duplicate ids are summed first, then every distinct row moves once (rows not materialized are
@@ -303,7 +298,7 @@ class Table {
                      const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
                      const void* bag_grads);
 
-  // The optimizer state of each row: out is resized to n * state_floats words (the returned width),
+  // The optimizer state of each row: out is resized to n * state_words words (the returned width),
   // row i the state of ids[i], in the compute type (float64 tables: each value is two words). A row that is not materialized gives the initial state and stays so.
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const;
 
@@ -325,8 +320,8 @@ class Table {
   TableSnapshot snapshot() const;
 
   // Replaces all rows, the init rule, the init stream, the optimizer and its step at once. The rows'
-  // records must be dim + state floats, with state = optimizer_state_floats(optimizer.kind, dim)
-  // unless optimizer.kind is None (then any width); state_floats becomes that width. The table's old
+  // records must be row_words + state words, with state = optimizer_state_words(optimizer.kind, dtype, row_words)
+  // unless optimizer.kind is None (then any width); state_words becomes that width. The table's old
   // rows are left in `rows`, to be freed by the caller outside the table's locks.
   void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                uint64_t optimizer_step);
@@ -355,6 +350,20 @@ class Table {
   };
 
   void check_ids(const uint64_t* ids, size_t n) const;
+  // visit(position, record) for every id, record null where the row is not materialized, a sub-shard
+  // at a time under its read lock (not in batch order).
+  template <class Visit>
+  void find_each_read_locked(const uint64_t* ids, size_t n, Visit visit) const {
+    const ShardRoute route(ids, n);
+    for (size_t s = 0; s < kNumShards; ++s) {
+      if (route.begin(s) == route.end(s)) continue;
+      const Shard& shard = shards_[s];
+      std::shared_lock<std::shared_mutex> lock(shard.mutex);
+      for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+        visit(route.position(entry), shard.rows.find(route.hash(entry)));
+      }
+    }
+  }
   // A request's pass through the policy (see the header comment), held until the request ends: with
   // a policy, policy_mutex_ and (once decide() ran) the decision, whose stored says which of its rows
   // are materialized; without one, unpoliced_mutex_ shared.
@@ -388,7 +397,7 @@ class Table {
   // Releases the locks `found` held, then read-locks the sub-shards of ids[0, count), in index order,
   // and finds their records.
   void find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const;
-  // The unchecked cores of the batch operations; out and rows are dense rows of dim floats at any
+  // The unchecked cores of the batch operations; out and rows are dense rows of row_words words at any
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
   void write_rows(const uint64_t* ids, size_t n, const std::byte* rows);
@@ -447,16 +456,16 @@ class Table {
   };
   ViewLocks lock_for_view() const;
   TableScanHeader scan_header() const;  // under lock_for_view
-  void check_record_floats(uint64_t state_floats) const;
+  void check_record_words(uint64_t state_words) const;
 
   const uint64_t id_;
   const uint64_t num_rows_;
-  const uint32_t dim_;
+  const uint32_t row_words_;
   const ElementType dtype_;
   const uint32_t elements_;  // of a row
   // Written only while holding every sub-shard's write lock and init_mutex_; read under either.
-  uint32_t state_floats_;
-  uint32_t record_floats_;
+  uint32_t state_words_;
+  uint32_t record_words_;
   double initial_state_;  // what new records' state values start at
   InitRule init_;
   uint64_t init_stream_;
@@ -475,9 +484,9 @@ class Table {
   mutable std::atomic<bool> has_direct_index_{false};
   mutable std::atomic<uint64_t> materialized_{0};
   mutable std::mutex policy_mutex_;
-  std::shared_mutex unpoliced_mutex_;  // see the header comment
-  std::unique_ptr<TablePolicy> policy_;  // under policy_mutex_; null without a policy
-  std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
+  std::shared_mutex unpoliced_mutex_;            // see the header comment
+  std::unique_ptr<TablePolicy> policy_;          // under policy_mutex_; null without a policy
+  std::atomic<bool> has_policy_{false};          // policy_ != null, read without the lock by requests
   mutable std::atomic<uint64_t> last_bytes_{0};  // stats().bytes when last counted (memory_bytes)
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};

@@ -21,25 +21,38 @@
 
 namespace recdev::store {
 
-class TableHandle {
+class DeferredTable;
+class SyncSteps;
+
+// What the kernels ask of a table before choosing how to call its row path, instead of inferring it
+// from the table's type or where its rows live.
+struct RowPathTraits {
+  // gather_pooled gives what CPU's embedding_bag gives for this table's type. Otherwise the kernel
+  // gathers the rows and pools them on CPU (remote half tables: shards would add partial sums in
+  // another order than CPU's).
+  bool pools_rows = false;
+  // update_pooled takes this table's bag gradients. Otherwise the caller expands them to a row per
+  // id and sends them through update.
+  bool pools_gradients = false;
+  // A batch should reach the table in one call: it spreads the batch over its shards or threads
+  // itself, or its policy decides each request's touches once (then the backward's update of the
+  // lookup's ids is a repeat, table_policy.h). Otherwise a kernel may split a batch over PyTorch's
+  // threads, as the table is safe for concurrent readers.
+  bool one_request_per_batch = false;
+};
+
+// The row path: what kernels call on every step.
+class TableRowPath {
  public:
-  virtual ~TableHandle() = default;
+  virtual ~TableRowPath() = default;
 
-  // Unique among the live tables of one StoreClient (diagnostics, not routing).
-  virtual uint64_t id() const = 0;
-  virtual TableConfig config() const = 0;
-  // config().num_rows and config().dim, which never change: known without asking any server.
+  virtual RowPathTraits row_path_traits() const = 0;
+  // config().num_rows, .row_words (4-byte words of a row) and .dtype, which never change: known without
+  // asking any server.
   virtual uint64_t num_rows() const = 0;
-  virtual uint32_t dim() const = 0;
-  // config().dtype, which never changes either.
+  virtual uint32_t row_words() const = 0;
   virtual ElementType dtype() const = 0;
-  // Whether the rows live in this process. Kernels split a batch on such a table over PyTorch's
-  // threads; a remote table already sends a batch to all its shards at once, and splitting it would
-  // only multiply the requests.
-  virtual bool in_process() const = 0;
-  virtual uint64_t init_stream() const = 0;
 
-  virtual void set_init(const InitRule& rule) = 0;
   virtual void gather(const uint64_t* ids, size_t n, float* out) = 0;
   // Like gather, but rows that are not materialized are computed from the init rule and stay
   // unmaterialized (what copies of a table to CPU use).
@@ -53,39 +66,69 @@ class TableHandle {
   virtual void check_byte_range(uint64_t byte_offset, uint64_t nbytes) const = 0;
   virtual void exists(const uint64_t* ids, size_t n, uint8_t* out) const = 0;
   virtual void erase(const uint64_t* ids, size_t n) = 0;
+  virtual void update(const uint64_t* ids, size_t n, const void* grads) = 0;
+  // bag_grads: num_bags rows in the table's type, as update's grads (Table::update_pooled); only
+  // where row_path_traits().pools_gradients.
+  virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                             PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                             int64_t padding_idx, const void* bag_grads) = 0;
+  virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
+};
+
+// Administration: what the bindings and optimizers ask and set, rarely.
+class TableAdministration {
+ public:
+  virtual ~TableAdministration() = default;
+
+  // Unique among the live tables of one StoreClient (diagnostics, not routing).
+  virtual uint64_t id() const = 0;
+  virtual TableConfig config() const = 0;
+  // Whether the rows live in this process (a synchronous fleet's embedded replicas).
+  virtual bool in_process() const = 0;
+  virtual uint64_t init_stream() const = 0;
+  virtual void set_init(const InitRule& rule) = 0;
   virtual TableStats stats() const = 0;
-  // Budget, eviction and admission (table_policy.h).
-  virtual void set_policy(const TablePolicyConfig& config) = 0;
-  virtual TablePolicyConfig policy() const = 0;
-  // The policy with its touch metadata (nullopt without a policy), and restoring it after the rows
-  // were installed (Table::policy_state, restore_policy_state): what torch.save of a table carries.
-  virtual std::optional<Table::PolicyState> policy_state() const = 0;
-  virtual void restore_policy_state(const Table::PolicyState& state) = 0;
 
   virtual void set_optimizer(const OptimizerConfig& config) = 0;
   virtual OptimizerConfig optimizer() const = 0;
   virtual void set_learning_rate(double lr) = 0;
   virtual uint64_t optimizer_step() const = 0;
   virtual void set_optimizer_step(uint64_t step) = 0;
-  virtual void update(const uint64_t* ids, size_t n, const void* grads) = 0;
-  // bag_grads: num_bags rows in the table's type, as update's grads (Table::update_pooled).
-  virtual void update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
-                             PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                             int64_t padding_idx, const void* bag_grads) = 0;
-  // Whether update_pooled takes this table's bag gradients: float32 tables everywhere, and the
-  // embedded store's float16 and bfloat16 tables (LocalTable). Elsewhere a half table's bag gradients
-  // are expanded per id by the caller and sent through update, whose rows the wire carries in the
-  // table's type.
-  virtual bool pools_gradients() const { return dtype() == ElementType::Float32; }
-  virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
+};
 
-  // Whole tables, for torch.save / torch.load and whole-table copies (csrc/python/table_serialization.cpp, csrc/device/table_copy.cpp):
-  // a point-in-time view (Table::scan) written into arrays (torch.save) or copied into a snapshot
-  // (copy_, load_state_dict), and the rows of a snapshot installed at once.
+// Budget, eviction and admission (table_policy.h).
+class TablePolicies {
+ public:
+  virtual ~TablePolicies() = default;
+
+  virtual void set_policy(const TablePolicyConfig& config) = 0;
+  virtual TablePolicyConfig policy() const = 0;
+  // The policy with its touch metadata (nullopt without a policy), and restoring it after the rows
+  // were installed (Table::policy_state, restore_policy_state): what torch.save of a table carries.
+  virtual std::optional<TablePolicyState> policy_state() const = 0;
+  virtual void restore_policy_state(const TablePolicyState& state) = 0;
+};
+
+// Whole tables, for torch.save / torch.load and whole-table copies
+// (csrc/python/table_serialization.cpp, csrc/device/table_copy.cpp): a point-in-time view
+// (Table::scan) written into arrays (torch.save) or copied into a snapshot (copy_, load_state_dict),
+// and the rows of a snapshot installed at once.
+class TableTransfers {
+ public:
+  virtual ~TableTransfers() = default;
+
   virtual void scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const = 0;
   virtual TableSnapshot snapshot() const = 0;
   virtual void install(RowSet& rows, const InitRule& init, uint64_t init_stream, const OptimizerConfig& optimizer,
                        uint64_t optimizer_step) = 0;
+};
+
+// A table with every facet, as a StoreClient hands it out.
+class TableHandle : public TableRowPath, public TableAdministration, public TablePolicies, public TableTransfers {
+ public:
+  // Synchronous staging (deferred_table.h): the table whose updates wait for the fleet's exchange,
+  // or null for a table that applies its updates.
+  virtual DeferredTable* sync_staging() { return nullptr; }
 };
 
 class StoreClient {
@@ -94,8 +137,7 @@ class StoreClient {
 
   // A new anonymous table, owned by the caller: freed by free_table, or (remote) when this client's
   // session lease lapses. init_stream as in Store::create_table.
-  virtual std::shared_ptr<TableHandle> create_table(const TableConfig& config,
-                                                    std::optional<uint64_t> init_stream) = 0;
+  virtual std::shared_ptr<TableHandle> create_table(const TableConfig& config, std::optional<uint64_t> init_stream) = 0;
   // The named table as declared (Store::declare_table: created if it does not exist, kept if the
   // declaration matches, reset on request; a mismatch is StoreError(InvalidArgument)).
   virtual std::shared_ptr<TableHandle> declare(const std::string& name, const TableDeclaration& declaration) = 0;
@@ -112,6 +154,10 @@ class StoreClient {
   // "embedded", or "remote"; the servers (empty when embedded).
   virtual std::string kind() const = 0;
   virtual std::vector<std::string> servers() const = 0;
+  // How long a request waits for a server (nullopt when embedded).
+  virtual std::optional<double> timeout_seconds() const { return std::nullopt; }
+  // Synchronous steps on shards, or null where tables apply their own (the embedded store).
+  virtual SyncSteps* sync_steps() { return nullptr; }
 };
 
 }  // namespace recdev::store

@@ -12,9 +12,6 @@ namespace recdev::store {
 namespace {
 
 constexpr uint64_t kNoBudget = std::numeric_limits<uint64_t>::max();
-constexpr uint32_t kMaxAdmitAfter = std::numeric_limits<uint16_t>::max();
-constexpr uint32_t kMinSketchWidth = 16;
-constexpr uint32_t kMaxSketchWidth = 1u << 26;
 // Rows ahead whose metadata slot a batch loop prefetches: enough to overlap the misses of a large map.
 constexpr size_t kPrefetchAhead = 8;
 // The log is compacted once it holds kLogPerRow entries per live row (and kLogSlack more): each
@@ -59,69 +56,7 @@ class DistinctIds {
   size_t mask_;
 };
 
-std::string format_seconds(double seconds) {
-  std::string text = std::to_string(seconds);
-  while (text.size() > 1 && text.back() == '0') text.pop_back();
-  if (!text.empty() && text.back() == '.') text.pop_back();
-  return text;
-}
-
 }  // namespace
-
-bool operator==(const TablePolicyConfig& lhs, const TablePolicyConfig& rhs) {
-  return lhs.max_rows == rhs.max_rows && lhs.max_bytes == rhs.max_bytes && lhs.evict == rhs.evict &&
-         lhs.half_life == rhs.half_life && lhs.ttl_steps == rhs.ttl_steps && lhs.ttl_seconds == rhs.ttl_seconds &&
-         lhs.admit_after == rhs.admit_after && lhs.sketch_width == rhs.sketch_width;
-}
-
-std::string evict_name(EvictKind kind) {
-  switch (kind) {
-    case EvictKind::None: return "none";
-    case EvictKind::Lru: return "lru";
-    case EvictKind::Lfu: return "lfu";
-    case EvictKind::Ttl: return "ttl";
-  }
-  return "unknown";
-}
-
-std::string describe(const TablePolicyConfig& config) {
-  std::string text = "TablePolicy(max_rows=" + std::to_string(config.max_rows) +
-                     ", max_bytes=" + std::to_string(config.max_bytes) + ", evict=" + evict_name(config.evict);
-  if (config.evict == EvictKind::Lfu) text += ", half_life=" + format_seconds(config.half_life);
-  if (config.ttl_steps != 0) text += ", ttl=" + std::to_string(config.ttl_steps) + " steps";
-  if (config.ttl_seconds != 0) text += ", ttl=" + format_seconds(config.ttl_seconds) + " s";
-  return text + ", admit_after=" + std::to_string(config.admit_after) + ")";
-}
-
-void validate_policy(const TablePolicyConfig& config) {
-  const auto invalid = [&](const std::string& problem) {
-    throw StoreError(ErrorCode::InvalidArgument, "invalid " + describe(config) + ": " + problem);
-  };
-  if (uint8_t(config.evict) > uint8_t(EvictKind::Ttl)) invalid("unknown evict policy; use lru, lfu, ttl or none");
-  const bool has_ttl = config.ttl_steps != 0 || config.ttl_seconds != 0;
-  if (config.evict == EvictKind::Ttl) {
-    if (!has_ttl) invalid("evict='ttl' needs a ttl (steps, or seconds)");
-    if (config.ttl_steps != 0 && config.ttl_seconds != 0) invalid("give the ttl in steps or in seconds, not both");
-    if (!(config.ttl_seconds >= 0) || !std::isfinite(config.ttl_seconds)) invalid("ttl seconds must be finite and > 0");
-  } else if (has_ttl) {
-    invalid("a ttl needs evict='ttl'");
-  }
-  if ((config.evict == EvictKind::Lru || config.evict == EvictKind::Lfu) && config.max_rows == 0 &&
-      config.max_bytes == 0) {
-    invalid("evict='" + evict_name(config.evict) + "' needs a budget: max_rows or max_bytes");
-  }
-  if (config.evict == EvictKind::Lfu && !(config.half_life > 0 && std::isfinite(config.half_life))) {
-    invalid("lfu's half_life (in steps) must be finite and > 0");
-  }
-  if (config.admit_after < 1 || config.admit_after > kMaxAdmitAfter) {
-    invalid("admit_after must be in [1, " + std::to_string(kMaxAdmitAfter) + "]");
-  }
-  const uint32_t width = config.sketch_width;
-  if (width != 0 && (width < kMinSketchWidth || width > kMaxSketchWidth || (width & (width - 1)) != 0)) {
-    invalid("sketch_width must be 0 (sized from the budget) or a power of two in [" +
-            std::to_string(kMinSketchWidth) + ", " + std::to_string(kMaxSketchWidth) + "]");
-  }
-}
 
 TablePolicy::TablePolicy(const TablePolicyConfig& config, uint64_t record_bytes) : record_bytes_(record_bytes) {
   configure(config);
@@ -338,9 +273,9 @@ void TablePolicy::check_update_fits(const uint64_t* ids, size_t n, const HeldRow
   // Every distinct row may be stored by then (rows pending admission may have been admitted).
   if (distinct.size() > budget) {
     throw StoreError(ErrorCode::InvalidArgument,
-                     "an update touching " + std::to_string(distinct.size()) + " distinct rows cannot fit the budget of " +
-                         std::to_string(budget) + " rows (" + describe(config_) +
-                         "): split the batch, or raise max_rows / max_bytes; nothing was applied");
+                     "an update touching " + std::to_string(distinct.size()) +
+                         " distinct rows cannot fit the budget of " + std::to_string(budget) + " rows (" +
+                         describe(config_) + "): split the batch, or raise max_rows / max_bytes; nothing was applied");
   }
   if (config_.evict != EvictKind::None) return;
   std::vector<uint8_t> resident(distinct.size());
@@ -349,8 +284,9 @@ void TablePolicy::check_update_fits(const uint64_t* ids, size_t n, const HeldRow
   const uint64_t rows_held = held.count();
   if (rows_held + new_rows > budget) {
     throw StoreError(ErrorCode::Full, "the update would materialize up to " + std::to_string(new_rows) +
-                                          " rows beyond the " + std::to_string(rows_held) + " held, past the budget of " +
-                                          std::to_string(budget) + " rows (" + describe(config_) +
+                                          " rows beyond the " + std::to_string(rows_held) +
+                                          " held, past the budget of " + std::to_string(budget) + " rows (" +
+                                          describe(config_) +
                                           "), and the table has no evict policy: set evict='lru', 'lfu' or 'ttl', or "
                                           "raise the budget; nothing was applied");
   }
@@ -359,8 +295,8 @@ void TablePolicy::check_update_fits(const uint64_t* ids, size_t n, const HeldRow
 // A request's decision before anything changes but the sketch (its counts are in sketch_cells) and
 // the step (an update's, already counted): apply carries it out, check undoes it.
 struct TablePolicy::Decided {
-  std::vector<uint64_t> distinct;  // the request's distinct rows in first-occurrence order
-  std::vector<Status> status;      // per distinct row: resident, admitted now, or pending
+  std::vector<uint64_t> distinct;    // the request's distinct rows in first-occurrence order
+  std::vector<Status> status;        // per distinct row: resident, admitted now, or pending
   std::vector<Meta*> resident_meta;  // valid until a row is removed
   std::vector<uint32_t> sketch_cells;
   uint64_t new_count = 0;
@@ -423,10 +359,10 @@ TablePolicy::Decided TablePolicy::decide(const uint64_t* ids, size_t n, Touch to
     throw StoreError(code, message + "; nothing was applied");
   };
   if (stored_count > budget) {
-    refuse(ErrorCode::InvalidArgument,
-           "a request touching " + std::to_string(stored_count) + " distinct rows cannot fit the budget of " +
-               std::to_string(budget) + " rows (" + describe(config_) +
-               "): split the batch, or raise max_rows / max_bytes");
+    refuse(ErrorCode::InvalidArgument, "a request touching " + std::to_string(stored_count) +
+                                           " distinct rows cannot fit the budget of " + std::to_string(budget) +
+                                           " rows (" + describe(config_) +
+                                           "): split the batch, or raise max_rows / max_bytes");
   }
   const uint64_t rows_held = keeps_touches() ? rows_.size() : budget != kNoBudget ? held.count() : 0;
   if (config_.evict == EvictKind::None && rows_held + d.new_count > budget) {
@@ -447,8 +383,7 @@ void TablePolicy::check(const uint64_t* ids, size_t n, Touch touch_kind, double 
   step_ = saved_step;
 }
 
-PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now,
-                                  const HeldRows& held) {
+PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now, const HeldRows& held) {
   if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) {
     ++step_;
     last_lookup_.clear();

@@ -68,32 +68,10 @@
 
 #include "frequency_sketch.h"
 #include "mix64.h"
+#include "table_policy_config.h"
 
 namespace recdev::store {
 
-enum class EvictKind : uint8_t { None = 0, Lru = 1, Lfu = 2, Ttl = 3 };
-
-struct TablePolicyConfig {
-  uint64_t max_rows = 0;   // 0: no row budget
-  uint64_t max_bytes = 0;  // 0: no byte budget
-  EvictKind evict = EvictKind::None;
-  double half_life = 1000;  // lfu: steps for a touch count to halve
-  uint64_t ttl_steps = 0;   // ttl: evict rows not touched for this many steps, or
-  double ttl_seconds = 0;   // this many seconds (exactly one of the two with evict = ttl)
-  uint32_t admit_after = 1; // a row is materialized at its admit_after-th lookup
-  // Columns of the admission sketch; 0: sized from the budget (auto_sketch_width). The policy in
-  // force always holds the width it uses.
-  uint32_t sketch_width = 0;
-
-  // Whether the table needs a policy at all.
-  bool active() const { return max_rows != 0 || max_bytes != 0 || evict != EvictKind::None || admit_after > 1; }
-};
-
-bool operator==(const TablePolicyConfig& lhs, const TablePolicyConfig& rhs);
-std::string evict_name(EvictKind kind);
-std::string describe(const TablePolicyConfig& config);
-// Throws StoreError(InvalidArgument) naming what is wrong and what to do.
-void validate_policy(const TablePolicyConfig& config);
 // The sketch width for a table of that row budget (UINT64_MAX: none): the power of two at or above
 // twice the budget, within [kMinAutoSketchWidth, kMaxAutoSketchWidth]; kNoBudgetSketchWidth without a
 // budget. At admit_after=2 the sketch takes 1 byte per column (FrequencySketch packs 2-bit counters):
@@ -102,8 +80,6 @@ constexpr uint32_t kMinAutoSketchWidth = 1u << 10;
 constexpr uint32_t kMaxAutoSketchWidth = 1u << 22;
 constexpr uint32_t kNoBudgetSketchWidth = 1u << 14;
 uint32_t auto_sketch_width(uint64_t row_budget);
-
-enum class Touch { Lookup, Update, Write };
 
 // The table's rows, as a policy that keeps no touch metadata sees them (evict none). Called under the
 // table's policy lock, when only requests holding it add or erase rows.
@@ -216,9 +192,13 @@ class TablePolicy {
       std::allocator<T>().deallocate(p, n);
     }
     template <class U>
-    bool operator==(const Counting<U>& other) const { return bytes == other.bytes; }
+    bool operator==(const Counting<U>& other) const {
+      return bytes == other.bytes;
+    }
     template <class U>
-    bool operator!=(const Counting<U>& other) const { return bytes != other.bytes; }
+    bool operator!=(const Counting<U>& other) const {
+      return bytes != other.bytes;
+    }
   };
   // id -> Meta in one open-addressing array (linear probing, at most half full, backward-shift erase):
   // one cache line per lookup and no allocation per row, which a node-based map cost on every
@@ -241,7 +221,7 @@ class TablePolicy {
       if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
     }
     std::pair<Meta*, bool> find_or_insert(uint64_t id);  // {meta, created}; a new row's meta is unset
-    Meta& insert(uint64_t id, const Meta& meta);          // replaces the row's meta if it is there
+    Meta& insert(uint64_t id, const Meta& meta);         // replaces the row's meta if it is there
     bool erase(uint64_t id);
     void clear();
     template <class Fn>
@@ -273,9 +253,7 @@ class TablePolicy {
     double score;
     uint64_t tick;
     uint64_t id;
-    bool operator<(const Key& other) const {
-      return score != other.score ? score < other.score : tick < other.tick;
-    }
+    bool operator<(const Key& other) const { return score != other.score ? score < other.score : tick < other.tick; }
   };
   // lru and ttl: the recency order is a log of touches, oldest first; a touch appends its row with its
   // new tick, which makes the row's earlier entry stale (its tick is no longer the row's). Appending
@@ -325,7 +303,7 @@ class TablePolicy {
   MetaMap rows_{metadata_bytes_.get()};
   std::set<Key, std::less<Key>, Counting<Key>> order_{std::less<Key>(), Counting<Key>(metadata_bytes_.get())};
   std::vector<Entry, Counting<Entry>> log_{Counting<Entry>(metadata_bytes_.get())};
-  size_t log_head_ = 0;  // entries before it were consumed
+  size_t log_head_ = 0;                      // entries before it were consumed
   std::unique_ptr<FrequencySketch> sketch_;  // with admit_after > 1
   // The ids of the last request if it was a lookup under lru that stored them all; cleared by every
   // other request and change.
@@ -335,6 +313,16 @@ class TablePolicy {
   uint64_t evicted_ = 0;
   uint64_t admitted_ = 0;
   uint64_t pending_ = 0;
+};
+
+// A table's policy with the rows' touch metadata, its clocks and sketch, as checkpoints record it
+// (Table::policy_state).
+struct TablePolicyState {
+  TablePolicyConfig config;
+  std::vector<RowTouch> touches;
+  TablePolicy::Clocks clocks;
+  std::vector<uint16_t> sketch;
+  uint64_t sketch_since_aging;
 };
 
 }  // namespace recdev::store

@@ -8,10 +8,11 @@ from doc_blocks import ROOT
 
 MAP = ROOT / "docs" / "architecture.md"
 # The folders the map lists file by file (a heading "### `folder/`" each), and the files that count.
-MAPPED = re.compile(r"^(csrc/(?:net/)?\w+|torch_recdev|test/\w+|benchmarks|examples)/[^/]+\.(cpp|h|py)$")
+MAPPED = re.compile(r"^(csrc/(?:net/|python/)?\w+|torch_recdev|test/\w+|benchmarks|examples)/[^/]+\.(cpp|h|py)$")
 _HEADING = re.compile(r"^### (.*)$")
 _FOLDER = re.compile(r"`([\w./]+)/`")
-_ENTRY = re.compile(r"^- ((?:`[^`]+`(?:, | / | and )?)+):")
+# An entry, or an entry nested under another (a header's implementation files under the header).
+_ENTRY = re.compile(r"^(?:  )?- ((?:`[^`]+`(?:, | / | and )?)+):")
 
 
 def tracked_sources():

@@ -28,7 +28,7 @@ def shard_counters(servers, name):
     """Each shard's STATS entry of the named table: [{rows, evicted, admitted, pending, max_rows}, ...]."""
     entries = []
     for address in servers:
-        stats = _C._server.server_stats(address.address)
+        stats = torch_recdev.server_stats(address.address)
         (entry,) = [t for t in stats["table_counters"] if t["name"] == name]
         entries.append(entry)
     return entries

@@ -14,7 +14,7 @@ import torch
 
 from torch_recdev import local_shards
 import torch_recdev
-from torch_recdev import _C, ops
+from torch_recdev import _testing, ops
 
 
 def free_port():
@@ -118,7 +118,7 @@ def test_tables_keep_the_store_they_live_in(start_shards):
 
 
 def server_tables(server):
-    return _C._server.server_stats(server.address, "", 10.0)["tables"]
+    return torch_recdev.server_stats(server.address)["tables"]
 
 
 def test_anonymous_tables_are_freed_with_their_storage(start_shards):
@@ -212,7 +212,7 @@ def test_an_idle_connection_closed_by_the_server_is_replaced(start_shards):
 
 
 def hello_frame(request_id=1):
-    payload = b"RECDEVNP" + struct.pack("<HI", _C._server.PROTOCOL_VERSION, 0) + struct.pack("<Q", 0)
+    payload = b"RECDEVNP" + struct.pack("<HI", _testing._server.PROTOCOL_VERSION, 0) + struct.pack("<Q", 0)
     return struct.pack("<IBBHQ", len(payload), 1, 0, 0, request_id) + payload
 
 

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_recdev
-from torch_recdev import _C, local_shards
+from torch_recdev import local_shards
 
 HUGE_ROWS = 10**10
 
@@ -69,7 +69,7 @@ def test_a_saved_table_loads_on_either_store(servers, save_on, load_on):
 
 
 def _rows_on(shards):
-    return [_C._server.server_stats(shard.address, "", 10.0)["rows"] for shard in shards]
+    return [torch_recdev.server_stats(shard.address)["rows"] for shard in shards]
 
 
 def test_a_table_restored_on_the_shards_lives_and_trains_there(start_shards):

@@ -113,7 +113,7 @@ def test_killed_shard_errors_in_time_and_training_resumes_from_its_checkpoint(st
     # The step that failed may have reached shard 0 before shard 1 died.
     on_other = (values == -(5 + steps_done + 4)) | (values == -(5 + steps_done + 5))
     assert on_restarted.any() and on_other.any() and (on_restarted | on_other).all()
-    restarted_rows = _C._server.server_stats(f"127.0.0.1:{port}", "", 10.0)["rows"]
+    restarted_rows = torch_recdev.server_stats(f"127.0.0.1:{port}")["rows"]
     assert int(on_restarted.sum()) == restarted_rows
 
 

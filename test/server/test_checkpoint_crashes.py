@@ -36,7 +36,7 @@ def wait_for_checkpoints(server, count, timeout=30):
 
 
 def test_sigkill_around_checkpoints_restarts_from_the_last_completed_one(start_server, tmp_path):
-    from torch_recdev import _C
+    from torch_recdev import _testing
 
     # A short lease makes the housekeeping thread, which writes the checkpoints, wake every 50 ms.
     args = ("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.1", "--lease-seconds", "0.2")
@@ -82,7 +82,7 @@ def test_sigkill_around_checkpoints_restarts_from_the_last_completed_one(start_s
         data = path.read_bytes()
         if (len(data), zlib.crc32(data[:-4])) != (int(last[4]), int(last[5], 16)):
             unlogged += 1
-        (info,) = _C._store.read_checkpoint_info(str(path))  # verifies the whole file, checksum included
+        (info,) = _testing._store.read_checkpoint_info(str(path))  # verifies the whole file, checksum included
         assert saved <= info.optimizer_step <= step and info.row_count == ROWS
 
         server = start_server(*args)

@@ -76,7 +76,7 @@ def saver(path, value, saves):
 def test_embedded_saves_killed_midway_keep_the_last_file_and_leave_no_leftovers(tmp_path):
     """ops.save of the embedded store killed while it writes: the file holds the last completed save,
     and the next save on this host removes what the killed ones left, and nothing else."""
-    from torch_recdev import _C
+    from torch_recdev import _testing
 
     path = tmp_path / "model.recdev"
     first = saver(path, 1.0, 1)
@@ -98,7 +98,7 @@ def test_embedded_saves_killed_midway_keep_the_last_file_and_leave_no_leftovers(
         proc.stdout.close()
         proc.stderr.close()
         left += [p for p in tmp_path.iterdir() if p.name.startswith(f"model.recdev.tmp.{host}.{proc.pid}.")]
-        (info,) = _C._store.read_checkpoint_info(str(path))  # a whole checkpoint, never a part of one
+        (info,) = _testing._store.read_checkpoint_info(str(path))  # a whole checkpoint, never a part of one
         assert info.name == "crash.embedded" and info.row_count == 200_000
         if len(left) >= 2:
             break
@@ -107,7 +107,7 @@ def test_embedded_saves_killed_midway_keep_the_last_file_and_leave_no_leftovers(
     last = saver(path, 3.0, 1)
     assert last.wait(120) == 0, last.stderr.read()
     assert {p.name for p in tmp_path.iterdir()} == {path.name, live.name, elsewhere.name}
-    store = _C._store.Store()
-    assert _C._store.load_store(str(path), store) == ["crash.embedded"]
+    store = _testing._store.Store()
+    assert _testing._store.load_store(str(path), store) == ["crash.embedded"]
     rows = np.asarray(store.table(store.find("crash.embedded")).gather(np.arange(200_000, dtype=np.uint64)))
     assert (rows == 3.0).all()

@@ -29,7 +29,7 @@ RSS_SLACK = 512 << 20
 
 # ---- The messages, field by field: (name, kind, valid value or a function of the context) ----
 
-CONFIG = [("num_rows", "u64", 1000), ("dim", "u32", DIM), ("state_floats", "u32", 0), ("init.kind", "u32", 2),
+CONFIG = [("num_rows", "u64", 1000), ("dim", "u32", DIM), ("state_words", "u32", 0), ("init.kind", "u32", 2),
           ("init.a", "f64", 0.0), ("init.b", "f64", 0.1), ("init.seed", "u64", 7), ("dtype", "u8", 0)]
 INIT = CONFIG[3:7]
 OPTIMIZER = [("optimizer.kind", "u32", 2), ("lr", "f64", 0.1), ("weight_decay", "f64", 0.0), ("eps", "f64", 1e-8),

@@ -126,7 +126,7 @@ def test_connection_cap(token_server):
 
 
 def test_binding_constants_match_the_documented_ones():
-    from torch_recdev import _C
+    from torch_recdev import _testing
 
-    assert _C._server.PROTOCOL_VERSION == wire.VERSION
-    assert _C._server.MAX_PAYLOAD_BYTES == wire.MAX_PAYLOAD
+    assert _testing._server.PROTOCOL_VERSION == wire.VERSION
+    assert _testing._server.MAX_PAYLOAD_BYTES == wire.MAX_PAYLOAD

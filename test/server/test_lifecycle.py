@@ -103,7 +103,7 @@ def test_checkpoint_of_another_layout_refused(start_server, tmp_path):
 
 
 def test_periodic_checkpoints(start_server, tmp_path):
-    from torch_recdev import _C
+    from torch_recdev import _testing
 
     server = start_server("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.3")
     path = tmp_path / "shard-0-of-1.recdev"
@@ -113,7 +113,7 @@ def test_periodic_checkpoints(start_server, tmp_path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if path.exists():
-                infos = _C._store.read_checkpoint_info(str(path))
+                infos = _testing._store.read_checkpoint_info(str(path))
                 if infos and infos[0].row_count == 50:
                     break
             time.sleep(0.1)

@@ -164,7 +164,7 @@ def test_optimizer_update_state_step_lr(conn):
     conn.call("SET_LR", u64(table) + f64(0.25))
     info = conn.info(table)
     assert info["table"]["optimizer_step"] == 40 and info["table"]["optimizer"]["lr"] == 0.25
-    assert info["table"]["config"]["state_floats"] == DIM
+    assert info["table"]["config"]["state_words"] == DIM
     bad = np.ones(DIM, np.float32)
     bad[2] = np.nan
     expect_error(conn, "InvalidArgument", "UPDATE", table_ref(table) + array([2], np.uint64) + array(bad, np.float32), "nan")
@@ -253,7 +253,7 @@ def test_dump_and_staged_load(conn, server):
     ids = np.array([5, 10**8, 77, 123456789], np.uint64)
     conn.update(table, ids, np.random.default_rng(0).standard_normal((4, DIM)).astype(np.float32))
     dumped_ids, records, header = conn.dump_all(table, max_rows=3)
-    assert header["total_rows"] == 4 and header["record_floats"] == 3 * DIM
+    assert header["total_rows"] == 4 and header["record_words"] == 3 * DIM
     assert sorted(dumped_ids.tolist()) == sorted(ids.tolist())
     assert header["table"]["optimizer_step"] == 1
     expect_error(conn, "InvalidArgument", "DUMP", u64(table) + u64(0) + u32(0), "max_rows")
@@ -277,7 +277,7 @@ def test_dump_and_staged_load(conn, server):
 
     # Errors: nothing is installed.
     bad_state = string(name) + u64(0) + config(10**9, DIM, 3, init_rule()) + u64(0) + optimizer("adam") + u64(0) + NO_POLICY_STATE
-    expect_error(conn, "InvalidArgument", "BEGIN_LOAD", bad_state, "state_floats")
+    expect_error(conn, "InvalidArgument", "BEGIN_LOAD", bad_state, "state_words")
     wrong_shape = string(name) + u64(0) + config(10, DIM, 0) + u64(0) + optimizer() + u64(0) + NO_POLICY_STATE
     expect_error(conn, "InvalidArgument", "BEGIN_LOAD", wrong_shape, "exists")
     load = wire.Reader(conn.call("BEGIN_LOAD", begin)).u64()

@@ -93,8 +93,8 @@ def init_rule(kind="zero", a=0.0, b=0.0, seed=0):
 DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "bytes": 4}
 
 
-def config(num_rows, dim, state_floats=0, init=None, dtype="float32"):
-    return u64(num_rows) + u32(dim) + u32(state_floats) + (init or init_rule()) + u8(DTYPE[dtype])
+def config(num_rows, dim, state_words=0, init=None, dtype="float32"):
+    return u64(num_rows) + u32(dim) + u32(state_words) + (init or init_rule()) + u8(DTYPE[dtype])
 
 
 def optimizer(kind="none", **params):
@@ -170,7 +170,7 @@ class Reader:
         return dict(kind=self.u32(), a=self.f64(), b=self.f64(), seed=self.u64())
 
     def config(self):
-        return dict(num_rows=self.u64(), dim=self.u32(), state_floats=self.u32(), init=self.init_rule(), dtype=self.u8())
+        return dict(num_rows=self.u64(), dim=self.u32(), state_words=self.u32(), init=self.init_rule(), dtype=self.u8())
 
     def optimizer(self):
         kind = self.u32()
@@ -274,8 +274,8 @@ class Connection:
 
     # -- typed helpers --
 
-    def create_table(self, num_rows, dim, route_key=7, init=None, init_stream=None, state_floats=0):
-        payload = (config(num_rows, dim, state_floats, init) + u8(init_stream is not None) + u64(init_stream or 0)
+    def create_table(self, num_rows, dim, route_key=7, init=None, init_stream=None, state_words=0):
+        payload = (config(num_rows, dim, state_words, init) + u8(init_stream is not None) + u64(init_stream or 0)
                    + u64(route_key))
         r = Reader(self.call("CREATE_TABLE", payload))
         return r.u64()
@@ -345,12 +345,12 @@ class Connection:
         while True:
             r = Reader(self.call("DUMP", u64(table) + u64(snapshot) + u32(max_rows)))
             snapshot = r.u64()
-            header = dict(table=r.description(), total_rows=r.u64(), record_floats=r.u32())
+            header = dict(table=r.description(), total_rows=r.u64(), record_words=r.u32())
             ids.append(r.array(np.uint64))
             records.append(r.array(np.float32))
             done = r.u8()
             r.end()
             if done:
                 break
-        width = header["record_floats"]
+        width = header["record_words"]
         return np.concatenate(ids), np.concatenate(records).reshape(-1, width), header

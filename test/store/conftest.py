@@ -1,6 +1,6 @@
 """Fixtures for the store engine tests.
 
-The binding is the `_store` submodule of torch_recdev._C. Set RECDEV_STORE_MODULE to test another
+The binding is the `_store` submodule of torch_recdev._testing (build_native.py --testing). Set RECDEV_STORE_MODULE to test another
 build of it, e.g. a standalone one: RECDEV_STORE_MODULE=_store_dev PYTHONPATH=/tmp pytest test/store
 """
 
@@ -13,18 +13,18 @@ import pytest
 
 @pytest.fixture(scope="session")
 def store_mod():
-    module = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._C"))
+    module = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._testing"))
     return module._store
 
 
 @pytest.fixture
 def make_table(store_mod):
-    """make_table(num_rows, dim, init=None, state_floats=0) -> a new anonymous Table of a fresh Store."""
+    """make_table(num_rows, dim, init=None, state_words=0) -> a new anonymous Table of a fresh Store."""
 
-    def make(num_rows, dim, init=None, state_floats=0):
+    def make(num_rows, dim, init=None, state_words=0):
         store = store_mod.Store()
         config = store_mod.TableConfig(
-            num_rows=num_rows, dim=dim, state_floats=state_floats, init=init or store_mod.InitRule.zero()
+            num_rows=num_rows, row_words=dim, state_words=state_words, init=init or store_mod.InitRule.zero()
         )
         return store.table(store.create_table(config))
 

@@ -8,10 +8,10 @@ class DenseModel:
 
     def __init__(self, store_mod, table):
         config = table.config
-        self.dim = config.dim
+        self.dim = config.row_words
         self.init = np.stack(
             [
-                store_mod.init_row(config.init, table.init_stream, row, config.dim, config.num_rows)
+                store_mod.init_row(config.init, table.init_stream, row, config.row_words, config.num_rows)
                 for row in range(config.num_rows)
             ]
         )

@@ -19,7 +19,7 @@ def policy_table(store_mod):
 
     def make(**policy):
         store = store_mod.Store()
-        config = store_mod.TableConfig(num_rows=NUM_IDS, dim=DIM, init=store_mod.InitRule.normal(0, 1, seed=5))
+        config = store_mod.TableConfig(num_rows=NUM_IDS, row_words=DIM, init=store_mod.InitRule.normal(0, 1, seed=5))
         table = store.table(store.create_table(config, init_stream=77))
         twin = store.table(store.create_table(config, init_stream=77))
         table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.5, weight_decay=0.0))
@@ -121,7 +121,7 @@ def test_a_row_admitted_in_a_victims_place_starts_fresh_and_no_other_row_moves(s
     table is dense enough for the direct index (direct_index.h), which must follow every handover."""
     space, budget, batch, dim = 8_000, 5_000, 5_000, 64
     store = store_mod.Store()
-    config = store_mod.TableConfig(num_rows=num_rows, dim=dim, init=store_mod.InitRule.normal(0, 1, seed=3))
+    config = store_mod.TableConfig(num_rows=num_rows, row_words=dim, init=store_mod.InitRule.normal(0, 1, seed=3))
     table = store.table(store.create_table(config, init_stream=11))
     twin = store.table(store.create_table(config, init_stream=11))
     for t in (table, twin):
@@ -382,7 +382,7 @@ def test_touch_metadata_is_counted_in_bytes(policy_table):
 
 def test_a_million_new_ids_through_a_budget_of_ten_thousand(store_mod):
     store = store_mod.Store()
-    table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, dim=8)))
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, row_words=8)))
     table.set_policy(max_rows=10_000, evict="lru")
     bytes_seen = []
     for batch in range(200):
@@ -404,7 +404,7 @@ def test_rows_materialized_while_a_policy_is_set_fall_under_it(store_mod, reques
     budget, batch = 300, 200
     for trial in range(20):
         store = store_mod.Store()
-        table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, dim=4)))
+        table = store.table(store.create_table(store_mod.TableConfig(num_rows=1 << 40, row_words=4)))
         table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.1, weight_decay=0.0))
         stop, errors = threading.Event(), []
 
@@ -441,7 +441,7 @@ def test_concurrent_requests_see_no_torn_row_and_counts_agree(store_mod):
     store = store_mod.Store()
     dim = 32
     table = store.table(
-        store.create_table(store_mod.TableConfig(num_rows=5000, dim=dim, init=store_mod.InitRule.constant(-1.0)))
+        store.create_table(store_mod.TableConfig(num_rows=5000, row_words=dim, init=store_mod.InitRule.constant(-1.0)))
     )
     table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=1.0, weight_decay=0.0))
     table.set_policy(max_rows=200, evict="lru")

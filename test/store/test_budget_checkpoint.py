@@ -18,7 +18,7 @@ POLICIES = [
 
 def make_table(store_mod, store=None, name=None, **policy):
     store = store or store_mod.Store()
-    config = store_mod.TableConfig(num_rows=NUM_IDS, dim=DIM, init=store_mod.InitRule.normal(0, 1, seed=5))
+    config = store_mod.TableConfig(num_rows=NUM_IDS, row_words=DIM, init=store_mod.InitRule.normal(0, 1, seed=5))
     table_id = store.create_named_table(name, config) if name else store.create_table(config, init_stream=77)
     table = store.table(table_id)
     table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.5, weight_decay=0.0))

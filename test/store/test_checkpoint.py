@@ -12,7 +12,7 @@ import pytest
 def make_store_table(store_mod, store=None, num_rows=1000, dim=6, init=None, name=None):
     store = store or store_mod.Store()
     config = store_mod.TableConfig(
-        num_rows=num_rows, dim=dim, init=init or store_mod.InitRule.normal(0, 1, seed=21)
+        num_rows=num_rows, row_words=dim, init=init or store_mod.InitRule.normal(0, 1, seed=21)
     )
     table_id = store.create_named_table(name, config) if name else store.create_table(config)
     return store.table(table_id)
@@ -32,7 +32,7 @@ def populated_table(store_mod, store=None, name=None):
 
 
 def snapshot(table):
-    num_rows, dim = table.config.num_rows, table.config.dim
+    num_rows, dim = table.config.num_rows, table.config.row_words
     return (
         table.read_bytes(0, num_rows * dim * 4).tobytes(),
         table.exists(np.arange(num_rows, dtype=np.uint64)).tobytes(),
@@ -48,7 +48,7 @@ def test_round_trip_is_bit_exact(store_mod, tmp_path):
 
     # Another store, another table id, another init rule: the load restores all of it.
     other = store_mod.Store()
-    other.create_table(store_mod.TableConfig(num_rows=1, dim=1))
+    other.create_table(store_mod.TableConfig(num_rows=1, row_words=1))
     destination = make_store_table(store_mod, other, init=store_mod.InitRule.constant(7.0))
     destination.write(np.array([1, 2], np.uint64), np.zeros((2, 6), np.float32))
     assert destination.id != source.id
@@ -175,7 +175,7 @@ def test_store_round_trip(store_mod, tmp_path):
     assert [info.name for info in store_mod.read_checkpoint_info(path)] == ["item", "user"]
 
     restored = store_mod.Store()
-    restored.create_table(store_mod.TableConfig(num_rows=1, dim=1))  # different ids than the source
+    restored.create_table(store_mod.TableConfig(num_rows=1, row_words=1))  # different ids than the source
     assert store_mod.load_store(path, restored) == ["item", "user"]
     for name, table in (("user", user), ("item", item)):
         assert snapshot(restored.table(restored.find(name))) == snapshot(table)

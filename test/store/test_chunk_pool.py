@@ -18,7 +18,7 @@ DIM = 128  # 520-byte records: 8320-byte full-size chunks, which the pool serves
 
 def filled_table(store_mod, rows, dim=DIM):
     store = store_mod.Store()
-    table = store.table(store.create_table(store_mod.TableConfig(num_rows=10**9, dim=dim)))
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=10**9, row_words=dim)))
     ids = np.arange(rows, dtype=np.uint64) * 7919  # spread over every sub-shard
     for start in range(0, rows, 8192):
         chunk = ids[start:start + 8192]
@@ -73,7 +73,7 @@ def test_records_sit_on_huge_pages_when_the_kernel_allows(store_mod):
 LARGE_ROW_INDEXES = """
     import importlib, os, re
     import numpy as np
-    store_mod = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._C"))._store
+    store_mod = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._testing"))._store
     REGION = 2 << 20
 
     def huge_bytes():
@@ -87,7 +87,7 @@ LARGE_ROW_INDEXES = """
     before_huge = huge_bytes()
     baseline_slack = store_mod.pooled_chunk_slack_bytes()
     store = store_mod.Store()
-    table = store.table(store.create_table(store_mod.TableConfig(num_rows=rows, dim=dim)))
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=rows, row_words=dim)))
     ids = np.arange(rows, dtype=np.uint64)
     for start in range(0, rows, 1 << 20):
         chunk = ids[start:start + (1 << 20)]
@@ -147,9 +147,9 @@ def _run(code, env):
 
 FILL_AND_FREE = """
     import numpy as np
-    from torch_recdev._C import _store as s
+    from torch_recdev._testing import _store as s
     store = s.Store()
-    table = store.table(store.create_table(s.TableConfig(num_rows=10**9, dim=128)))
+    table = store.table(store.create_table(s.TableConfig(num_rows=10**9, row_words=128)))
     ids = np.arange(20_000, dtype=np.uint64) * 7919
     table.write(ids, np.ones((len(ids), 128), np.float32))
     table.erase(ids)

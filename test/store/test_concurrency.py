@@ -110,7 +110,7 @@ def test_set_init_is_atomic_for_readers(make_table, store_mod):
 
 def test_concurrent_named_table_creation_agrees(store_mod):
     store = store_mod.Store()
-    config = store_mod.TableConfig(num_rows=100, dim=4)
+    config = store_mod.TableConfig(num_rows=100, row_words=4)
     ids = [None] * 8
 
     def create(i):

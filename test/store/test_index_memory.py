@@ -13,9 +13,9 @@ def fill(table, ids, dim, batch=65536):
         table.write(chunk, np.full((len(chunk), dim), 1.0, np.float32))
 
 
-def ratio(table, record_floats):
+def ratio(table, record_words):
     stats = table.stats()
-    return stats.bytes / (stats.rows * record_floats * 4)
+    return stats.bytes / (stats.rows * record_words * 4)
 
 
 def test_touching_k_rows_of_a_huge_table_costs_k_rows(make_table, rng):
@@ -53,7 +53,7 @@ def test_memory_within_bound(make_table, rng, dim, ids_kind):
 
 def test_optimizer_state_counts_as_raw_bytes(make_table):
     n, dim, state = 100_000, 120, 8
-    table = make_table(n, dim, state_floats=state)
+    table = make_table(n, dim, state_words=state)
     fill(table, np.arange(n, dtype=np.uint64), dim)
     assert ratio(table, dim + state) <= MEMORY_BOUND
 

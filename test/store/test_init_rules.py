@@ -25,7 +25,7 @@ def test_philox_matches_known_answers(store_mod, counter, key, expected):
 def first_table(store_mod, rule, num_rows=10**6, dim=24):
     """The first anonymous table of a fresh store: same id, hence same init stream, every time."""
     store = store_mod.Store()
-    return store.table(store.create_table(store_mod.TableConfig(num_rows=num_rows, dim=dim, init=rule)))
+    return store.table(store.create_table(store_mod.TableConfig(num_rows=num_rows, row_words=dim, init=rule)))
 
 
 def test_same_seed_same_rows_whatever_the_order(store_mod, rng):
@@ -53,7 +53,7 @@ def test_same_seed_same_rows_whatever_the_order(store_mod, rng):
 
 def test_tables_and_seeds_draw_different_streams(store_mod):
     store = store_mod.Store()
-    config = store_mod.TableConfig(num_rows=1000, dim=16, init=store_mod.InitRule.normal(0, 1, seed=5))
+    config = store_mod.TableConfig(num_rows=1000, row_words=16, init=store_mod.InitRule.normal(0, 1, seed=5))
     a = store.table(store.create_table(config))
     b = store.table(store.create_table(config))
     ids = np.arange(100, dtype=np.uint64)
@@ -68,7 +68,7 @@ def test_tables_and_seeds_draw_different_streams(store_mod):
 
 def test_named_table_init_is_the_same_in_every_store(store_mod):
     """Shards and restarted servers must agree on a named table's unmaterialized rows."""
-    config = store_mod.TableConfig(num_rows=10**9, dim=8, init=store_mod.InitRule.uniform(-1, 1, seed=3))
+    config = store_mod.TableConfig(num_rows=10**9, row_words=8, init=store_mod.InitRule.uniform(-1, 1, seed=3))
     first, second = store_mod.Store(), store_mod.Store()
     second.create_table(config)  # shifts the ids of later tables
     a = first.table(first.create_named_table("user_emb", config))
@@ -215,8 +215,8 @@ def test_invalid_rules_are_refused(store_mod, make_rule, message):
     rule = make_rule(store_mod)
     store = store_mod.Store()
     with pytest.raises(ValueError, match=message):
-        store.create_table(store_mod.TableConfig(num_rows=10, dim=4, init=rule))
-    table = store.table(store.create_table(store_mod.TableConfig(num_rows=10, dim=4)))
+        store.create_table(store_mod.TableConfig(num_rows=10, row_words=4, init=rule))
+    table = store.table(store.create_table(store_mod.TableConfig(num_rows=10, row_words=4)))
     with pytest.raises(ValueError, match=message):
         table.set_init(rule)
     assert table.config.init == store_mod.InitRule.zero()

@@ -14,10 +14,10 @@ from threads import run_threads
 NUM_ROWS, DIM, STEPS = 300, 8, 50
 
 
-def new_table(store_mod, optimizer=None, num_rows=NUM_ROWS, dim=DIM, init=None, state_floats=0):
+def new_table(store_mod, optimizer=None, num_rows=NUM_ROWS, dim=DIM, init=None, state_words=0):
     store = store_mod.Store()
     config = store_mod.TableConfig(
-        num_rows=num_rows, dim=dim, state_floats=state_floats, init=init or store_mod.InitRule.normal(0, 1, seed=5)
+        num_rows=num_rows, row_words=dim, state_words=state_words, init=init or store_mod.InitRule.normal(0, 1, seed=5)
     )
     table = store.table(store.create_table(config))
     if optimizer is not None:
@@ -27,7 +27,7 @@ def new_table(store_mod, optimizer=None, num_rows=NUM_ROWS, dim=DIM, init=None, 
 
 def dense_view(table):
     """Every row of the table as a [num_rows, dim] array, without materializing any."""
-    num_rows, dim = table.config.num_rows, table.config.dim
+    num_rows, dim = table.config.num_rows, table.config.row_words
     return table.read_bytes(0, num_rows * dim * 4).view(np.float32).reshape(num_rows, dim).copy()
 
 
@@ -200,7 +200,7 @@ def test_matches_pytorch_over_50_steps(store_mod, case, dim):
     # Untouched rows kept their init value (lazy), in both.
     torch.testing.assert_close(dense_view(table), reference.weights, rtol=1e-6, atol=1e-7)
     state = table.gather_state(all_ids(table))
-    assert state.shape == (NUM_ROWS, store_mod.optimizer_state_floats(config.kind, dim))
+    assert state.shape == (NUM_ROWS, store_mod.optimizer_state_elements(config.kind, dim))
     torch.testing.assert_close(state, reference_state(reference, kind), rtol=1e-6, atol=1e-7)
 
 
@@ -357,7 +357,7 @@ def test_set_optimizer_keeps_weights_and_initializes_state(store_mod):
     probe = np.array([1, 2, 5, 6], np.uint64)  # 6 is not materialized
 
     table.set_optimizer(store_mod.OptimizerConfig.adagrad(lr=0.1, initial_accumulator_value=0.25))
-    assert table.config.state_floats == DIM
+    assert table.config.state_words == DIM
     np.testing.assert_array_equal(dense_view(table), weights)
     np.testing.assert_array_equal(table.exists(all_ids(table)), materialized)
     np.testing.assert_array_equal(table.gather_state(probe), np.full((4, DIM), 0.25, np.float32))
@@ -375,19 +375,19 @@ def test_set_optimizer_keeps_weights_and_initializes_state(store_mod):
 
     # Another kind: re-laid records, fresh state, step 0, same weights.
     table.set_optimizer(store_mod.OptimizerConfig.adam())
-    assert table.config.state_floats == 2 * DIM
+    assert table.config.state_words == 2 * DIM
     assert table.optimizer_step == 0
     np.testing.assert_array_equal(dense_view(table), weights)
     np.testing.assert_array_equal(table.gather_state(all_ids(table)), np.zeros((NUM_ROWS, 2 * DIM), np.float32))
     assert table.stats().rows == 4
 
     table.set_optimizer(store_mod.OptimizerConfig.rowwise_adagrad())
-    assert table.config.state_floats == 1
+    assert table.config.state_words == 1
     table.update(np.array([2], np.uint64), np.ones((1, DIM), np.float32))
     assert table.gather_state(np.array([2], np.uint64))[0, 0] == 1.0  # mean of 1^2
 
     table.set_optimizer(store_mod.OptimizerConfig.sgd(lr=0.1))
-    assert table.config.state_floats == 0
+    assert table.config.state_words == 0
     assert table.gather_state(probe).shape == (4, 0)
     weights = dense_view(table)
     table.set_optimizer(store_mod.OptimizerConfig())
@@ -407,18 +407,18 @@ def test_same_width_other_kind_resets_state(store_mod):
 
 
 def test_raw_state_table_takes_an_optimizer(store_mod):
-    table = new_table(store_mod, state_floats=3)
+    table = new_table(store_mod, state_words=3)
     table.write(np.array([7], np.uint64), np.full((1, DIM), 2.0, np.float32))
     table.set_optimizer(store_mod.OptimizerConfig.adam(lr=0.1))
-    assert table.config.state_floats == 2 * DIM
+    assert table.config.state_words == 2 * DIM
     np.testing.assert_array_equal(table.gather(np.array([7], np.uint64)), np.full((1, DIM), 2.0, np.float32))
 
 
 def test_record_size_limit_applies_to_optimizer_state(store_mod):
     table = new_table(store_mod, num_rows=4, dim=2**27)
-    with pytest.raises(ValueError, match="cannot hold 268435456 optimizer-state floats per row"):
+    with pytest.raises(ValueError, match="cannot hold 268435456 optimizer-state words per row"):
         table.set_optimizer(store_mod.OptimizerConfig.adam())
-    assert table.config.state_floats == 0
+    assert table.config.state_words == 0
 
 
 def test_erase_drops_state_and_write_keeps_it(store_mod):
@@ -558,7 +558,7 @@ def test_optimizer_changes_during_updates_and_reads(store_mod):
 
     run_threads([lambda: updater(1), lambda: updater(2), reader, changer])
     assert table.optimizer == store_mod.OptimizerConfig.adagrad(lr=0.04, initial_accumulator_value=0.1)
-    assert table.config.state_floats == dim
+    assert table.config.state_words == dim
     assert table.gather_state(all_ids(table)).shape == (num_rows, dim)
     assert table.stats().rows > 0
 
@@ -568,7 +568,7 @@ def test_optimizer_changes_during_updates_and_reads(store_mod):
 
 def train(table, rng, steps):
     for _ in range(steps):
-        ids, grads = batch(rng, num_rows=table.config.num_rows, dim=table.config.dim)
+        ids, grads = batch(rng, num_rows=table.config.num_rows, dim=table.config.row_words)
         table.update(ids.astype(np.uint64), grads)
 
 
@@ -602,7 +602,7 @@ def test_checkpoint_round_trip_continues_identically(store_mod, tmp_path, case):
 
 def test_store_checkpoint_carries_optimizers(store_mod, tmp_path):
     store = store_mod.Store()
-    config = store_mod.TableConfig(num_rows=NUM_ROWS, dim=DIM, init=store_mod.InitRule.normal(0, 1, seed=2))
+    config = store_mod.TableConfig(num_rows=NUM_ROWS, row_words=DIM, init=store_mod.InitRule.normal(0, 1, seed=2))
     user = store.table(store.create_named_table("user", config))
     user.set_optimizer(store_mod.OptimizerConfig.adam(lr=0.02))
     train(user, np.random.default_rng(5), 3)
@@ -643,8 +643,8 @@ STEP_OFFSET = ROUNDING_SEED_OFFSET + 8
         ((OPTIMIZER_OFFSET + 8, "<d", -1.0), r"invalid optimizer.*lr must be finite and >= 0"),
         ((OPTIMIZER_OFFSET + 8 + 5 * 8, "<d", 1.5), r"invalid optimizer.*beta1 must be in \[0, 1\)"),
         ((OPTIMIZER_OFFSET + 8 + 1 * 8, "<d", 0.5), r"Adam does not use weight_decay"),
-        ((STATE_FLOATS_OFFSET, "<I", DIM), f"has {DIM} state floats per row.*keeps {2 * DIM}"),
-        ((OPTIMIZER_OFFSET, "<I", 2), f"has {2 * DIM} state floats per row.*Adagrad.*keeps {DIM}"),
+        ((STATE_FLOATS_OFFSET, "<I", DIM), f"has {DIM} state words per row.*keeps {2 * DIM}"),
+        ((OPTIMIZER_OFFSET, "<I", 2), f"has {2 * DIM} state words per row.*Adagrad.*keeps {DIM}"),
     ],
     ids=["unknown kind", "unknown flags", "rounding of float32", "rounding seed alone", "lr", "beta1",
          "unused weight_decay", "state width", "kind vs width"],

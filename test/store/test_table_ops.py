@@ -98,7 +98,7 @@ def test_erase_reinitializes(store_mod, normal_table):
 
 
 def test_state_floats_are_not_part_of_the_weight(make_table):
-    table = make_table(100, 6, state_floats=3)
+    table = make_table(100, 6, state_words=3)
     table.write(np.array([5], np.uint64), np.full((1, 6), 2.0, np.float32))
     assert table.gather(np.array([5, 6], np.uint64)).shape == (2, 6)
     assert table.read_bytes(0, 100 * 6 * 4).size == 2400
@@ -111,7 +111,7 @@ def test_stats_count_rows_read_and_written(make_table):
     table.read_bytes(16, 32)  # rows 1 and 2
     table.write_bytes(8, b"\x00" * 16)  # halves of rows 0 and 1
     stats = table.stats()
-    assert (stats.num_rows, stats.dim, stats.rows) == (1000, 4, 10)
+    assert (stats.num_rows, stats.row_words, stats.rows) == (1000, 4, 10)
     assert (stats.reads, stats.writes) == (12, 7)
 
 
@@ -131,7 +131,7 @@ def test_empty_batches_are_fine(make_table):
 
 
 def snapshot(table):
-    return table.read_bytes(0, table.config.num_rows * table.config.dim * 4), table.exists(
+    return table.read_bytes(0, table.config.num_rows * table.config.row_words * 4), table.exists(
         np.arange(table.config.num_rows, dtype=np.uint64)
     )
 
@@ -184,9 +184,9 @@ def test_out_of_memory_raises_store_full_error_and_keeps_the_table_usable():
         """
         import importlib, os, resource
         import numpy as np
-        s = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._C"))._store
+        s = importlib.import_module(os.environ.get("RECDEV_STORE_MODULE", "torch_recdev._testing"))._store
         store = s.Store()
-        table = store.table(store.create_table(s.TableConfig(num_rows=2**63, dim=128)))
+        table = store.table(store.create_table(s.TableConfig(num_rows=2**63, row_words=128)))
         rows, ids = np.ones((4096, 128), np.float32), np.arange(4096, dtype=np.uint64)
         with open("/proc/self/statm") as statm:
             mapped = int(statm.read().split()[0]) * resource.getpagesize()
@@ -214,7 +214,7 @@ def test_out_of_memory_raises_store_full_error_and_keeps_the_table_usable():
 
 
 def config(store_mod, **overrides):
-    fields = dict(num_rows=1000, dim=8, init=store_mod.InitRule.normal(0, 0.1, seed=1))
+    fields = dict(num_rows=1000, row_words=8, init=store_mod.InitRule.normal(0, 0.1, seed=1))
     fields.update(overrides)
     return store_mod.TableConfig(**fields)
 
@@ -231,7 +231,7 @@ def test_named_tables(store_mod):
 
 
 @pytest.mark.parametrize(
-    "overrides", [dict(num_rows=1001), dict(dim=16), dict(init=None)], ids=str
+    "overrides", [dict(num_rows=1001), dict(row_words=16), dict(init=None)], ids=str
 )
 def test_named_table_with_another_config_is_refused(store_mod, overrides):
     if overrides.get("init", 0) is None:
@@ -244,14 +244,14 @@ def test_named_table_with_another_config_is_refused(store_mod, overrides):
 
 def test_named_table_state_width_follows_its_optimizer(store_mod):
     """A second client asking for a named table by its plain config finds it even though the first
-    attached an optimizer (which changed state_floats)."""
+    attached an optimizer (which changed state_words)."""
     store = store_mod.Store()
     user = store.create_named_table("user", config(store_mod))
     store.table(user).set_optimizer(store_mod.OptimizerConfig.adam(lr=0.1))
-    assert store.table(user).config.state_floats == 16
+    assert store.table(user).config.state_words == 16
     assert store.create_named_table("user", config(store_mod)) == user
-    assert store.create_named_table("user", config(store_mod, state_floats=3)) == user
-    assert store.table(user).config.state_floats == 16
+    assert store.create_named_table("user", config(store_mod, state_words=3)) == user
+    assert store.table(user).config.state_words == 16
 
 
 def test_unknown_and_freed_tables(store_mod):
@@ -271,7 +271,7 @@ def test_unknown_and_freed_tables(store_mod):
     assert store.create_table(config(store_mod)) != table_id  # ids are not reused
 
 
-@pytest.mark.parametrize("overrides", [dict(dim=0), dict(dim=2**28, state_floats=1)], ids=str)
+@pytest.mark.parametrize("overrides", [dict(row_words=0), dict(row_words=2**28, state_words=1)], ids=str)
 def test_invalid_table_configs_are_refused(store_mod, overrides):
     with pytest.raises(ValueError, match="invalid TableConfig"):
         store_mod.Store().create_table(config(store_mod, **overrides))

@@ -109,7 +109,7 @@ def test_refused_on_float32_and_float64_tables(dtype):
         rd_optim.SGD([weight], lr=0.1, stochastic_rounding=True)
     # The store refuses it too (for clients that bypass torch_recdev.optim), and nothing changed.
     with pytest.raises(Exception, match="stochastic_rounding applies to float16 and bfloat16 tables only"):
-        _C._set_table_optimizer(weight, "sgd", {"lr": 0.1, "stochastic_rounding": 1.0, "rounding_seed": 5.0})
+        _C._set_table_optimizer(weight, _C.OptimizerConfig("sgd", lr=0.1, stochastic_rounding=True, rounding_seed=5))
     assert torch.equal(read(weight), init)
 
 

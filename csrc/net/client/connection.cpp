@@ -26,7 +26,8 @@ Frame Connection::round_trip(const std::vector<uint8_t>& request, Opcode opcode,
   try {
     const Clock::time_point deadline = Clock::now() + timeout_;
     write_frame(socket_, request, deadline);
-    if (!read_frame(socket_, frame, deadline, timeout_)) fail(ErrorCode::Unavailable, "the server closed the connection");
+    if (!read_frame(socket_, frame, deadline, timeout_))
+      fail(ErrorCode::Unavailable, "the server closed the connection");
   } catch (const BadFrame& error) {
     fail(ErrorCode::Protocol, error.what());
   } catch (const StoreError& error) {

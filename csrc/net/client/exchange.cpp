@@ -88,7 +88,8 @@ bool Exchange::send(Channel& channel) {
                                 frame.size() - channel.send_offset, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) fail(channel, std::string("connection lost: ") + std::strerror(errno));
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        fail(channel, std::string("connection lost: ") + std::strerror(errno));
       break;
     }
     progress = true;
@@ -123,7 +124,8 @@ bool Exchange::receive(Channel& channel) {
   bool progress = false;
   while (channel.receiving()) {
     const bool in_header = channel.header_have < kHeaderBytes;
-    uint8_t* into = in_header ? channel.header_bytes + channel.header_have : channel.payload.data() + channel.payload_have;
+    uint8_t* into =
+        in_header ? channel.header_bytes + channel.header_have : channel.payload.data() + channel.payload_have;
     const size_t want = in_header ? kHeaderBytes - channel.header_have : channel.payload.size() - channel.payload_have;
     if (want > 0) {
       const ssize_t got = ::recv(channel.connection->socket.fd(), into, want, MSG_DONTWAIT);

@@ -73,7 +73,7 @@ class Exchange {
     std::vector<size_t> calls;  // indices into the exchange's calls, in send order
     size_t send_index = 0;      // the call being sent, and how much of its frame is out
     size_t send_offset = 0;
-    size_t receive_index = 0;   // the call whose answer is being read
+    size_t receive_index = 0;  // the call whose answer is being read
     uint8_t header_bytes[kHeaderBytes];
     size_t header_have = 0;
     FrameHeader header;

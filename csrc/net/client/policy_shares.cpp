@@ -16,13 +16,15 @@ uint64_t share_of(uint64_t total, uint32_t shard, uint32_t num_shards) {
   return total / num_shards + (shard < total % num_shards ? 1 : 0);
 }
 
-uint64_t split_budget(uint64_t budget, const char* what, uint32_t shard, uint32_t num_shards, const std::string& label) {
+uint64_t split_budget(uint64_t budget, const char* what, uint32_t shard, uint32_t num_shards,
+                      const std::string& label) {
   if (budget == 0) return 0;
   if (budget < num_shards) {
-    throw StoreError(ErrorCode::InvalidArgument,
-                     std::string(what) + "=" + std::to_string(budget) + " of " + label + " cannot be split over its " +
-                         std::to_string(num_shards) + " shards: each shard enforces its own share of the budget, and a "
-                         "share of 0 would be no budget; give at least " + std::to_string(num_shards));
+    throw StoreError(ErrorCode::InvalidArgument, std::string(what) + "=" + std::to_string(budget) + " of " + label +
+                                                     " cannot be split over its " + std::to_string(num_shards) +
+                                                     " shards: each shard enforces its own share of the budget, and a "
+                                                     "share of 0 would be no budget; give at least " +
+                                                     std::to_string(num_shards));
   }
   return share_of(budget, shard, num_shards);
 }
@@ -60,9 +62,9 @@ store::TablePolicyConfig merge_policies(const std::vector<store::TablePolicyConf
   return table;
 }
 
-store::Table::PolicyState shard_policy_state(const store::Table::PolicyState& table, uint64_t route_key, uint32_t shard,
-                                             uint32_t num_shards, const std::string& label) {
-  store::Table::PolicyState state;
+store::TablePolicyState shard_policy_state(const store::TablePolicyState& table, uint64_t route_key, uint32_t shard,
+                                           uint32_t num_shards, const std::string& label) {
+  store::TablePolicyState state;
   state.config = shard_policy(table.config, shard, num_shards, label);
   for (const store::RowTouch& row : table.touches) {
     if (owner_shard(route_key, row.id, num_shards) == shard) state.touches.push_back(row);
@@ -76,11 +78,11 @@ store::Table::PolicyState shard_policy_state(const store::Table::PolicyState& ta
   return state;
 }
 
-store::Table::PolicyState merge_policy_states(const std::vector<store::Table::PolicyState>& shards,
-                                              const std::string& label) {
+store::TablePolicyState merge_policy_states(const std::vector<store::TablePolicyState>& shards,
+                                            const std::string& label) {
   std::vector<store::TablePolicyConfig> configs;
-  for (const store::Table::PolicyState& state : shards) configs.push_back(state.config);
-  store::Table::PolicyState table;
+  for (const store::TablePolicyState& state : shards) configs.push_back(state.config);
+  store::TablePolicyState table;
   table.config = merge_policies(configs, label);
   // Every touch as (its shard's tick, shard, index), in one order that keeps each shard's.
   struct Ref {
@@ -102,7 +104,7 @@ store::Table::PolicyState merge_policy_states(const std::vector<store::Table::Po
   table.clocks.tick = refs.size();
   table.clocks.evicted = table.clocks.admitted = table.clocks.pending = 0;
   table.sketch_since_aging = 0;
-  for (const store::Table::PolicyState& state : shards) {
+  for (const store::TablePolicyState& state : shards) {
     table.clocks.step = std::max(table.clocks.step, state.clocks.step);
     table.clocks.evicted += state.clocks.evicted;
     table.clocks.admitted += state.clocks.admitted;

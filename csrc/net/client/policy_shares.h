@@ -37,10 +37,10 @@ store::TablePolicyConfig shard_policy(const store::TablePolicyConfig& table, uin
 store::TablePolicyConfig merge_policies(const std::vector<store::TablePolicyConfig>& shards, const std::string& label);
 
 // The policy state of the rows of shard `shard` (owner_shard with `route_key`).
-store::Table::PolicyState shard_policy_state(const store::Table::PolicyState& table, uint64_t route_key, uint32_t shard,
-                                             uint32_t num_shards, const std::string& label);
+store::TablePolicyState shard_policy_state(const store::TablePolicyState& table, uint64_t route_key, uint32_t shard,
+                                           uint32_t num_shards, const std::string& label);
 // The table's policy state from every shard's (none of them empty).
-store::Table::PolicyState merge_policy_states(const std::vector<store::Table::PolicyState>& shards,
-                                              const std::string& label);
+store::TablePolicyState merge_policy_states(const std::vector<store::TablePolicyState>& shards,
+                                            const std::string& label);
 
 }  // namespace recdev::net

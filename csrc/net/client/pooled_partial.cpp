@@ -79,7 +79,8 @@ void combine_partials(const store::EmbeddingBag& bag, size_t first_bag, size_t e
       candidates.clear();
       for (size_t s = 0; s < partials.size(); ++s) {
         const int32_t local = partials[s].positions[k * dim + d];
-        if (local >= 0) candidates.push_back({int64_t(shares[s].positions[size_t(local)]), partials[s].values[k * dim + d]});
+        if (local >= 0)
+          candidates.push_back({int64_t(shares[s].positions[size_t(local)]), partials[s].values[k * dim + d]});
       }
       // In batch order, an earlier candidate is replaced only by a greater later one, as pool_bags does.
       std::sort(candidates.begin(), candidates.end(),

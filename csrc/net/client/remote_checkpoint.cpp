@@ -3,10 +3,10 @@
 #include <map>
 #include <memory>
 
+#include "remote_transfer.h"
 #include "store/checkpoint.h"
 #include "store/errors.h"
 #include "store/store.h"
-#include "remote_transfer.h"
 
 namespace recdev::net {
 
@@ -46,7 +46,7 @@ void copy_to_local(RemoteSession& session, RemoteSession::Lease& lease, const st
   store::TableSnapshot snapshot = dump_snapshot(session, lease, ids, "table '" + name + "'");
   const store::TableScanHeader& header = snapshot.header;
   store::TableConfig config = header.config;
-  config.state_floats = 0;
+  config.state_words = 0;
   const auto table = local.table(local.create_named_table(name, config));
   table->install(snapshot.rows, header.config.init, header.init_stream, header.optimizer, header.optimizer_step);
   // Taken after the rows: restoring drops the metadata of rows a request added since the snapshot
@@ -74,15 +74,16 @@ std::vector<std::string> load_checkpoint(RemoteSession& session, const std::stri
   try {
     for (const std::string& name : names) {
       const auto policy = local.table(*local.find(name))->policy_state();
-      local.table(*local.find(name))->scan(
-          [&](const store::TableScanHeader& header) {
-            const BeginLoadRequest request{name, 0, header.config, header.init_stream, header.optimizer,
-                                           header.optimizer_step, {}};
-            loads.push_back(std::make_unique<TableLoad>(session, lease, request, std::vector<uint64_t>{},
-                                                        route_key_of_name(name), policy ? &*policy : nullptr));
-            staged.push_back(loads.back().get());
-          },
-          [&](uint64_t row_id, const float* record) { loads.back()->add(row_id, record); });
+      local.table(*local.find(name))
+          ->scan(
+              [&](const store::TableScanHeader& header) {
+                const BeginLoadRequest request{
+                    name, 0, header.config, header.init_stream, header.optimizer, header.optimizer_step, {}};
+                loads.push_back(std::make_unique<TableLoad>(session, lease, request, std::vector<uint64_t>{},
+                                                            route_key_of_name(name), policy ? &*policy : nullptr));
+                staged.push_back(loads.back().get());
+              },
+              [&](uint64_t row_id, const float* record) { loads.back()->add(row_id, record); });
       loads.back()->flush();
     }
     commit_loads(session, lease, staged);

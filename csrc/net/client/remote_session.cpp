@@ -11,17 +11,15 @@
 namespace recdev::net {
 
 using store::ErrorCode;
-using store::StoreError;
 using store::seconds_text;
+using store::StoreError;
 
 namespace {
 
 constexpr size_t kMaxIdleConnections = 8;
 constexpr std::string_view kScheme = "tcp://";
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(int64_t(seconds * 1000.0));
-}
+std::chrono::milliseconds to_ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000.0)); }
 
 }  // namespace
 
@@ -145,7 +143,8 @@ std::unique_ptr<ShardConnection> RemoteSession::open(size_t shard, double timeou
     try {
       connection->socket = connect_to(link.host_port, to_ms(timeout_seconds));
     } catch (const StoreError& e) {
-      throw StoreError(ErrorCode::Unavailable, describe(shard) + ": " + e.what() + " (is recdev-server running there?)");
+      throw StoreError(ErrorCode::Unavailable,
+                       describe(shard) + ": " + e.what() + " (is recdev-server running there?)");
     }
     Hello hello;
     hello.token = token_;

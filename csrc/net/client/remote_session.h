@@ -106,8 +106,8 @@ class RemoteSession {
   std::unique_ptr<ShardConnection> acquire(size_t shard);
   void release(size_t shard, std::unique_ptr<ShardConnection> connection);
   std::unique_ptr<ShardConnection> open(size_t shard, double timeout_seconds);
-  void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
-                   double timeout_seconds, const std::function<void(size_t call)>& on_answer = {});
+  void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls, double timeout_seconds,
+                   const std::function<void(size_t call)>& on_answer = {});
   void heartbeat();
 
   const std::vector<std::string> servers_;

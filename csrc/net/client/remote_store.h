@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "remote_session.h"
+#include "store/sync_steps.h"
 #include "store/table_handle.h"
 
 namespace recdev::net {
@@ -41,9 +42,15 @@ class RemoteTable final : public store::TableHandle {
   uint64_t id() const override { return client_id_; }
   store::TableConfig config() const override;
   uint64_t num_rows() const override { return num_rows_; }
-  uint32_t dim() const override { return dim_; }
+  uint32_t row_words() const override { return row_words_; }
   store::ElementType dtype() const override { return dtype_; }
   bool in_process() const override { return false; }
+  // Pools float32 rows and bag gradients on the shards (shards would add a half table's partial sums
+  // in another order than CPU's); a batch goes whole, split by shard here.
+  store::RowPathTraits row_path_traits() const override {
+    const bool float32 = dtype() == store::ElementType::Float32;
+    return store::RowPathTraits{float32, float32, true};
+  }
   uint64_t init_stream() const override;
 
   void set_init(const store::InitRule& rule) override;
@@ -63,8 +70,8 @@ class RemoteTable final : public store::TableHandle {
   // share (and puts the others back if one refuses); policy() and policy_state() merge the shards'.
   void set_policy(const store::TablePolicyConfig& config) override;
   store::TablePolicyConfig policy() const override;
-  std::optional<store::Table::PolicyState> policy_state() const override;
-  void restore_policy_state(const store::Table::PolicyState& state) override;
+  std::optional<store::TablePolicyState> policy_state() const override;
+  void restore_policy_state(const store::TablePolicyState& state) override;
 
   void set_optimizer(const store::OptimizerConfig& config) override;
   store::OptimizerConfig optimizer() const override;
@@ -130,7 +137,7 @@ class RemoteTable final : public store::TableHandle {
   template <class MakeMessage>
   void broadcast(Opcode opcode, MakeMessage message);
   TableInfoResponse info(size_t shard) const;
-  std::vector<TableInfoResponse> infos() const;  // every shard's, in order
+  std::vector<TableInfoResponse> infos() const;                  // every shard's, in order
   std::vector<store::TablePolicyConfig> shard_policies() const;  // every shard's share, in order
   // Each shard judges a request against its own share of the budget, so one could refuse a batch
   // another applies. Under a budget, a batch that reaches several shards is judged first, and sent
@@ -147,7 +154,7 @@ class RemoteTable final : public store::TableHandle {
   const std::string name_;
   const uint64_t route_key_;
   const uint64_t num_rows_;
-  const uint32_t dim_;
+  const uint32_t row_words_;
   const store::ElementType dtype_;
   mutable std::mutex mutex_;  // guards the three below
   mutable std::vector<uint64_t> table_ids_;
@@ -155,14 +162,15 @@ class RemoteTable final : public store::TableHandle {
   mutable std::optional<store::TablePolicyConfig> known_policy_;
 };
 
-class RemoteStoreClient final : public store::StoreClient {
+class RemoteStoreClient final : public store::StoreClient, public store::SyncSteps {
  public:
   // servers: "tcp://h1:7070,tcp://h2:7071" (parse_server_list). Connects to every server now.
   RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds);
 
   std::shared_ptr<store::TableHandle> create_table(const store::TableConfig& config,
                                                    std::optional<uint64_t> init_stream) override;
-  std::shared_ptr<store::TableHandle> declare(const std::string& name, const store::TableDeclaration& declaration) override;
+  std::shared_ptr<store::TableHandle> declare(const std::string& name,
+                                              const store::TableDeclaration& declaration) override;
   std::optional<std::shared_ptr<store::TableHandle>> find(const std::string& name) override;
   void free_table(store::TableHandle& table) noexcept override;
 
@@ -171,13 +179,18 @@ class RemoteStoreClient final : public store::StoreClient {
 
   std::string kind() const override { return "remote"; }
   std::vector<std::string> servers() const override;
-  double timeout_seconds() const { return session_->timeout_seconds(); }
+  std::optional<double> timeout_seconds() const override { return session_->timeout_seconds(); }
+  store::SyncSteps* sync_steps() override { return this; }
+  // sync_step.h
+  void stage_step(const std::vector<store::StepRows>& tables, const StepTag& tag, double timeout_seconds) override;
+  void commit_step(const std::vector<store::TableHandle*>& tables, const StepTag& tag, double timeout_seconds) override;
 
  private:
   std::shared_ptr<RemoteTable> named_from(const std::string& name, const std::vector<TableDescription>& found,
                                           RemoteSession::Lease& lease);
   // FIND on every shard: the table's description on each, or none where it is not.
-  std::vector<std::optional<TableDescription>> find_on_every_shard(RemoteSession::Lease& lease, const std::string& name);
+  std::vector<std::optional<TableDescription>> find_on_every_shard(RemoteSession::Lease& lease,
+                                                                   const std::string& name);
   // The StoreError(NotFound) for a named table on some shards only, naming the first without it.
   [[noreturn]] void throw_lost(const std::string& name, size_t missing_shard) const;
   // Refuses (throw_lost) to declare a table some shards hold and others lost: re-creating their part

@@ -15,10 +15,10 @@ using store::StoreError;
 
 namespace {
 
-// Rows per DUMP or LOAD_ROWS frame, for records of `record_floats` floats: half a frame, so that a
+// Rows per DUMP or LOAD_ROWS frame, for records of `record_words` floats: half a frame, so that a
 // frame's encoding stays well within kMaxPayloadBytes.
-uint32_t rows_per_frame(uint32_t record_floats) {
-  const size_t row_bytes = sizeof(uint64_t) + size_t{record_floats} * sizeof(float);
+uint32_t rows_per_frame(uint32_t record_words) {
+  const size_t row_bytes = sizeof(uint64_t) + size_t{record_words} * sizeof(float);
   return uint32_t(std::clamp<size_t>((kMaxPayloadBytes / 2) / row_bytes, 1, UINT32_MAX));
 }
 
@@ -40,10 +40,10 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
   store::TableScanHeader header{parts[0].table.config, parts[0].table.init_stream, parts[0].table.optimizer, 0, 0};
   for (size_t shard = 0; shard < shards; ++shard) {
     const DumpResponse& part = parts[shard];
-    if (part.record_floats != parts[0].record_floats ||
-        part.table.config.state_floats != parts[0].table.config.state_floats) {
-      throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + label +
-                                                " with records of another width than shard 0's");
+    if (part.record_words != parts[0].record_words ||
+        part.table.config.state_words != parts[0].table.config.state_words) {
+      throw StoreError(ErrorCode::Protocol,
+                       session.describe(shard) + " sent " + label + " with records of another width than shard 0's");
     }
     // Every update reaches every shard, so their steps agree but for an update in flight.
     header.optimizer_step = std::max(header.optimizer_step, part.table.optimizer_step);
@@ -54,20 +54,22 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
     DumpResponse& part = parts[shard];
     uint64_t received = 0;
     while (true) {
-      if (part.records.size() != part.ids.size() * size_t{part.record_floats} ||
-          part.record_floats != parts[0].record_floats) {
-        throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent a DUMP of " + label +
-                                                  " whose records do not match its ids");
+      if (part.records.size() != part.ids.size() * size_t{part.record_words} ||
+          part.record_words != parts[0].record_words) {
+        throw StoreError(ErrorCode::Protocol,
+                         session.describe(shard) + " sent a DUMP of " + label + " whose records do not match its ids");
       }
-      for (size_t k = 0; k < part.ids.size(); ++k) on_row(part.ids[k], part.records.data() + k * part.record_floats);
+      for (size_t k = 0; k < part.ids.size(); ++k) on_row(part.ids[k], part.records.data() + k * part.record_words);
       received += part.ids.size();
       if (part.done) break;
       part = session.call<DumpResponse>(
-          lease, shard, Opcode::Dump, DumpRequest{shard_table_ids[shard], part.snapshot_id, rows_per_frame(part.record_floats)});
+          lease, shard, Opcode::Dump,
+          DumpRequest{shard_table_ids[shard], part.snapshot_id, rows_per_frame(part.record_words)});
     }
     if (received != parts[shard].total_rows) {
-      throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + std::to_string(received) + " rows of " +
-                                                label + " after announcing " + std::to_string(parts[shard].total_rows));
+      throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + std::to_string(received) +
+                                                " rows of " + label + " after announcing " +
+                                                std::to_string(parts[shard].total_rows));
     }
   }
 }
@@ -78,25 +80,27 @@ store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease&
   dump_table(
       session, lease, shard_table_ids, label,
       [&](const store::TableScanHeader& header) {
-        snapshot.emplace(store::TableSnapshot{header, store::RowSet(header.config.dim + header.config.state_floats)});
+        snapshot.emplace(
+            store::TableSnapshot{header, store::RowSet(header.config.row_words + header.config.state_words)});
       },
       [&](uint64_t row_id, const float* record) {
         if (!snapshot->rows.insert(row_id, record)) {
-          throw StoreError(ErrorCode::Protocol, "row " + std::to_string(row_id) + " of " + label + " came from two shards");
+          throw StoreError(ErrorCode::Protocol,
+                           "row " + std::to_string(row_id) + " of " + label + " came from two shards");
         }
       });
   return std::move(*snapshot);
 }
 
-std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
-                                                            const std::vector<uint64_t>& shard_table_ids,
-                                                            uint64_t num_rows, const std::string& label) {
+std::optional<store::TablePolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
+                                                          const std::vector<uint64_t>& shard_table_ids,
+                                                          uint64_t num_rows, const std::string& label) {
   std::vector<Call> calls;
   for (size_t shard = 0; shard < shard_table_ids.size(); ++shard) {
     calls.push_back(make_call(shard, Opcode::GetPolicyState, TableRequest{shard_table_ids[shard]}));
   }
   session.exchange(lease, calls);
-  std::vector<store::Table::PolicyState> states;
+  std::vector<store::TablePolicyState> states;
   std::optional<size_t> without;
   for (size_t shard = 0; shard < calls.size(); ++shard) {
     const PolicyStateResponse answer = answer_of<PolicyStateResponse>(calls[shard]);
@@ -108,9 +112,9 @@ std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& sessi
   }
   if (states.empty()) return std::nullopt;
   if (without) {
-    throw StoreError(ErrorCode::InvalidArgument, "the shards of " + label + " disagree on its policy: " +
-                                                     session.describe(*without) + " has none and others have " +
-                                                     store::describe(states[0].config) +
+    throw StoreError(ErrorCode::InvalidArgument, "the shards of " + label +
+                                                     " disagree on its policy: " + session.describe(*without) +
+                                                     " has none and others have " + store::describe(states[0].config) +
                                                      "; set it again with set_table_policy");
   }
   return merge_policy_states(states, label);
@@ -118,12 +122,12 @@ std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& sessi
 
 TableLoad::TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,
                      const std::vector<uint64_t>& shard_table_ids, uint64_t route_key,
-                     const store::Table::PolicyState* policy)
+                     const store::TablePolicyState* policy)
     : session_(session),
       lease_(lease),
       route_key_(route_key),
-      record_floats_(header.config.dim + header.config.state_floats),
-      batch_rows_(rows_per_frame(record_floats_)),
+      record_words_(header.config.row_words + header.config.state_words),
+      batch_rows_(rows_per_frame(record_words_)),
       batches_(session.num_shards()) {
   // One shard at a time, so that a failure knows exactly which loads to drop.
   try {
@@ -149,7 +153,7 @@ void TableLoad::add(uint64_t row_id, const float* record) {
   const size_t shard = owner_shard(route_key_, row_id, uint32_t(batches_.size()));
   LoadRowsRequest& batch = batches_[shard];
   batch.ids.push_back(row_id);
-  batch.records.insert(batch.records.end(), record, record + record_floats_);
+  batch.records.insert(batch.records.end(), record, record + record_words_);
   if (batch.ids.size() < batch_rows_) return;
   session_.call<Empty>(lease_, shard, Opcode::LoadRows, batch);
   batch.ids.clear();
@@ -178,7 +182,8 @@ void commit_loads(RemoteSession& session, RemoteSession::Lease& lease, const std
   session.exchange(lease, commits);
 }
 
-void abort_loads(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<const TableLoad*>& loads) noexcept {
+void abort_loads(RemoteSession& session, RemoteSession::Lease& lease,
+                 const std::vector<const TableLoad*>& loads) noexcept {
   try {
     std::vector<Call> aborts;
     for (const TableLoad* load : loads) {

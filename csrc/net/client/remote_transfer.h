@@ -31,9 +31,9 @@ store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease&
 
 // The table's policy state merged from every shard's (GET_POLICY_STATE; policy_shares.h), or nullopt
 // when it has no policy.
-std::optional<store::Table::PolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
-                                                            const std::vector<uint64_t>& shard_table_ids,
-                                                            uint64_t num_rows, const std::string& label);
+std::optional<store::TablePolicyState> fetch_policy_state(RemoteSession& session, RemoteSession::Lease& lease,
+                                                          const std::vector<uint64_t>& shard_table_ids,
+                                                          uint64_t num_rows, const std::string& label);
 
 class TableLoad {
  public:
@@ -42,10 +42,9 @@ class TableLoad {
   // table's (route_key_of_name for a named table). With a policy state, each shard gets its share of
   // it (policy_shares.h), installed at commit in place of the table's policy.
   TableLoad(RemoteSession& session, RemoteSession::Lease& lease, const BeginLoadRequest& header,
-            const std::vector<uint64_t>& shard_table_ids, uint64_t route_key,
-            const store::Table::PolicyState* policy);
+            const std::vector<uint64_t>& shard_table_ids, uint64_t route_key, const store::TablePolicyState* policy);
 
-  // Queues a row for its shard (record: dim + state_floats floats), sending a frame when one is full.
+  // Queues a row for its shard (record: dim + state_words floats), sending a frame when one is full.
   void add(uint64_t row_id, const float* record);
   // Sends what is queued.
   void flush();
@@ -56,7 +55,7 @@ class TableLoad {
   RemoteSession& session_;
   RemoteSession::Lease& lease_;
   const uint64_t route_key_;
-  const uint32_t record_floats_;
+  const uint32_t record_words_;
   const uint32_t batch_rows_;
   std::vector<uint64_t> load_ids_;
   std::vector<LoadRowsRequest> batches_;
@@ -66,6 +65,7 @@ class TableLoad {
 void commit_loads(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<const TableLoad*>& loads);
 // Drops the loads' staging. Never throws: what an unreachable server still stages belongs to this
 // session, and the server frees it when the session lapses.
-void abort_loads(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<const TableLoad*>& loads) noexcept;
+void abort_loads(RemoteSession& session, RemoteSession::Lease& lease,
+                 const std::vector<const TableLoad*>& loads) noexcept;
 
 }  // namespace recdev::net

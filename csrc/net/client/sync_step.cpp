@@ -13,15 +13,19 @@ using store::StoreError;
 
 namespace {
 
-// Every table of one optimizer lives in one store: one session, one lease, one round of requests.
-RemoteSession& session_of(const std::vector<RemoteTable*>& tables) {
-  for (const RemoteTable* table : tables) {
-    if (table->session() != tables.front()->session()) {
+// The tables as this client's, each checked: every table of one optimizer lives in one store (one
+// session, one lease, one round of requests).
+std::vector<RemoteTable*> remote_tables(const std::vector<store::TableHandle*>& tables) {
+  std::vector<RemoteTable*> remote;
+  for (store::TableHandle* table : tables) {
+    auto* handle = dynamic_cast<RemoteTable*>(table);
+    if (handle == nullptr || (!remote.empty() && handle->session() != remote.front()->session())) {
       throw StoreError(ErrorCode::InvalidArgument,
-                       "a synchronous step's tables must live on the same servers (one store)");
+                       "a synchronous step's tables must all live on the same recdev-server shards (one store)");
     }
+    remote.push_back(handle);
   }
-  return *tables.front()->session();
+  return remote;
 }
 
 // The client waits for progress as long as a shard may hold a part back, plus its usual timeout for
@@ -32,24 +36,28 @@ double client_timeout(RemoteSession& session, double timeout_seconds) {
 
 }  // namespace
 
-void stage_step(const std::vector<StepRows>& tables, const StepTag& tag, double timeout_seconds) {
+void stage_step(const std::vector<store::StepRows>& tables, const StepTag& tag, double timeout_seconds) {
   if (tables.empty()) return;
   if (!(timeout_seconds > 0) || timeout_seconds * 1000 > double(UINT32_MAX)) {
     throw StoreError(ErrorCode::InvalidArgument, "a synchronous step's timeout must be in (0, 4294967] seconds");
   }
-  std::vector<RemoteTable*> handles;
-  for (const StepRows& rows : tables) handles.push_back(rows.table);
-  RemoteSession& session = session_of(handles);
+  std::vector<store::TableHandle*> handles;
+  for (const store::StepRows& rows : tables) handles.push_back(rows.table);
+  const std::vector<RemoteTable*> remote = remote_tables(handles);
+  RemoteSession& session = *remote.front()->session();
   const auto timeout_ms = uint32_t(std::max(1.0, std::ceil(timeout_seconds * 1000)));
   RemoteSession::Lease lease(session);
   std::vector<Call> calls;
-  for (const StepRows& rows : tables) rows.table->stage_calls(lease, rows.ids, rows.n, rows.grads, tag, timeout_ms, calls);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    remote[t]->stage_calls(lease, tables[t].ids, tables[t].n, tables[t].grads, tag, timeout_ms, calls);
+  }
   session.exchange_within(lease, calls, client_timeout(session, timeout_seconds));
 }
 
-void commit_step(const std::vector<RemoteTable*>& tables, const StepTag& tag, double timeout_seconds) {
-  if (tables.empty()) return;
-  RemoteSession& session = session_of(tables);
+void commit_step(const std::vector<store::TableHandle*>& handles, const StepTag& tag, double timeout_seconds) {
+  if (handles.empty()) return;
+  const std::vector<RemoteTable*> tables = remote_tables(handles);
+  RemoteSession& session = *tables.front()->session();
   RemoteSession::Lease lease(session);
   // Every shard that can be asked is asked, even when another cannot: the step then holds on every
   // shard still holding it, and the error below can say where it was applied.
@@ -70,7 +78,8 @@ void commit_step(const std::vector<RemoteTable*>& tables, const StepTag& tag, do
   }
   std::vector<bool> applied(calls.size(), false);
   try {
-    session.exchange_within(lease, calls, client_timeout(session, timeout_seconds), [&](size_t k) { applied[k] = true; });
+    session.exchange_within(lease, calls, client_timeout(session, timeout_seconds),
+                            [&](size_t k) { applied[k] = true; });
   } catch (const StoreError&) {
     if (!first_error) first_error = std::current_exception();
   }

@@ -13,18 +13,14 @@
 #include <vector>
 
 #include "remote_store.h"
+#include "store/sync_steps.h"
 
 namespace recdev::net {
 
-struct StepRows {
-  RemoteTable* table = nullptr;
-  const uint64_t* ids = nullptr;
-  size_t n = 0;
-  const float* grads = nullptr;  // n * dim, float32
-};
-
-// timeout_seconds: how long a shard waits for the other ranks' parts.
-void stage_step(const std::vector<StepRows>& tables, const StepTag& tag, double timeout_seconds);
-void commit_step(const std::vector<RemoteTable*>& tables, const StepTag& tag, double timeout_seconds);
+// store::SyncSteps as RemoteStoreClient implements it: every table must be a RemoteTable of one
+// session (StoreError(InvalidArgument) otherwise). timeout_seconds: how long a shard waits for the
+// other ranks' parts.
+void stage_step(const std::vector<store::StepRows>& tables, const StepTag& tag, double timeout_seconds);
+void commit_step(const std::vector<store::TableHandle*>& tables, const StepTag& tag, double timeout_seconds);
 
 }  // namespace recdev::net

@@ -1,21 +1,21 @@
 #include "server.h"
 
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cerrno>
-#include <csignal>
-#include <cstring>
-#include <cstdio>
 #include <dirent.h>
 #include <fcntl.h>
-#include <mutex>
-#include <optional>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <thread>
 #include <unistd.h>
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "store/checkpoint.h"
 #include "store/errors.h"
@@ -61,7 +61,7 @@ class StopSignals {
     if (::pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
       throw StoreError(ErrorCode::Io, "cannot create the server's signal pipe");
     }
-    struct sigaction action {};
+    struct sigaction action{};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
     ::sigaction(SIGTERM, &action, &previous_term_);
@@ -78,8 +78,8 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction previous_term_ {};
-  struct sigaction previous_int_ {};
+  struct sigaction previous_term_{};
+  struct sigaction previous_int_{};
 };
 
 // Counts the authenticated connections' threads, so that shutdown can wait for all of them.
@@ -130,8 +130,7 @@ bool send_response(Socket& socket, const Response& response) {
 void send_now(Socket& socket, const std::vector<uint8_t>& frame) {
   try {
     write_frame(socket, frame, Clock::now());
-  } catch (const StoreError&) {
-  }
+  } catch (const StoreError&) {}
 }
 
 std::vector<uint8_t> refusal(ErrorCode code, uint64_t request_id, const std::string& reason) {
@@ -156,8 +155,8 @@ class BufferCount {
 };
 
 // An authenticated connection, from its WELCOME to its close. Never throws.
-void serve_connection(Socket socket, ShardService& service, std::shared_ptr<Session> session,
-                      const Response& welcome, Clock::duration idle_timeout, double idle_timeout_seconds) {
+void serve_connection(Socket socket, ShardService& service, std::shared_ptr<Session> session, const Response& welcome,
+                      Clock::duration idle_timeout, double idle_timeout_seconds) {
   {
     BufferCount buffers(service);
     try {
@@ -239,8 +238,10 @@ bool read_first_frame(Waiting& waiting) {
   while (true) {
     const bool in_header = waiting.header_have < kHeaderBytes;
     if (!in_header && waiting.payload_have == waiting.frame.payload.size()) return true;
-    uint8_t* into = in_header ? waiting.header + waiting.header_have : waiting.frame.payload.data() + waiting.payload_have;
-    const size_t want = in_header ? kHeaderBytes - waiting.header_have : waiting.frame.payload.size() - waiting.payload_have;
+    uint8_t* into =
+        in_header ? waiting.header + waiting.header_have : waiting.frame.payload.data() + waiting.payload_have;
+    const size_t want =
+        in_header ? kHeaderBytes - waiting.header_have : waiting.frame.payload.size() - waiting.payload_have;
     const ssize_t got = ::recv(waiting.socket.fd(), into, want, MSG_DONTWAIT);
     if (got == 0) throw StoreError(ErrorCode::Unavailable, "closed before HELLO");
     if (got < 0) {
@@ -255,11 +256,11 @@ bool read_first_frame(Waiting& waiting) {
     if ((waiting.header_have += size_t(got)) < kHeaderBytes) continue;
     waiting.frame.header = decode_header_or_refuse(waiting.header);
     if (waiting.frame.header.payload_bytes > kMaxHelloPayloadBytes) {
-      throw BadFrame(StoreError(ErrorCode::Protocol,
-                                "a first frame of " + std::to_string(waiting.frame.header.payload_bytes) +
-                                    " bytes; before HELLO the server reads at most " +
-                                    std::to_string(kMaxHelloPayloadBytes) + " (a HELLO is far smaller)"),
-                     waiting.frame.header.request_id, uint8_t(waiting.frame.header.opcode));
+      throw BadFrame(
+          StoreError(ErrorCode::Protocol, "a first frame of " + std::to_string(waiting.frame.header.payload_bytes) +
+                                              " bytes; before HELLO the server reads at most " +
+                                              std::to_string(kMaxHelloPayloadBytes) + " (a HELLO is far smaller)"),
+          waiting.frame.header.request_id, uint8_t(waiting.frame.header.opcode));
     }
     waiting.frame.payload.resize(waiting.frame.header.payload_bytes);
   }
@@ -269,8 +270,7 @@ bool read_first_frame(Waiting& waiting) {
 bool write_checkpoint(const ServerOptions& options, ShardService& service) {
   // Numbered, so that the log tells which checkpoint was the last one completed before a crash.
   static std::atomic<uint64_t> written{0};
-  const std::string path =
-      checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
+  const std::string path = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
   try {
     const store::CheckpointSummary summary = store::save_store(path, service.store());
     log("checkpoint " + std::to_string(++written) + " written: " + path + " (" + store::describe(summary) + ")");
@@ -285,8 +285,8 @@ bool write_checkpoint(const ServerOptions& options, ShardService& service) {
 void housekeeping(const ServerOptions& options, ShardService& service) {
   const auto tick = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::clamp(options.service.lease_seconds / 4, 0.05, 1.0)));
-  const auto checkpoint_every = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(options.checkpoint_every));
+  const auto checkpoint_every =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.checkpoint_every));
   const bool checkpoints = !options.checkpoint_dir.empty() && options.checkpoint_every > 0;
   Clock::time_point next_checkpoint = Clock::now() + checkpoint_every;
   while (!stop_requested.load()) {
@@ -314,11 +314,178 @@ void validate(const ServerOptions& options) {
   }
   if (!(service.lease_seconds > 0)) invalid("--lease-seconds must be positive");
   if (!(options.checkpoint_every >= 0)) invalid("--checkpoint-every must be 0 or positive");
-  if (options.checkpoint_every > 0 && options.checkpoint_dir.empty()) invalid("--checkpoint-every needs --checkpoint-dir");
+  if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
+    invalid("--checkpoint-every needs --checkpoint-dir");
   if (options.max_connections < 1) invalid("--max-connections must be at least 1");
   if (!(options.idle_timeout > 0)) invalid("--idle-timeout must be positive");
-  if (service.token.size() > kMaxTokenBytes) invalid("the token is longer than " + std::to_string(kMaxTokenBytes) + " bytes");
+  if (service.token.size() > kMaxTokenBytes)
+    invalid("the token is longer than " + std::to_string(kMaxTokenBytes) + " bytes");
 }
+
+// Creates the checkpoint directory if need be, removes what interrupted saves left, and loads this
+// shard's checkpoint.
+void restore_checkpoint_dir(const ServerOptions& options, ShardService& service) {
+  if (::mkdir(options.checkpoint_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw StoreError(ErrorCode::Io,
+                     "cannot create checkpoint directory " + options.checkpoint_dir + ": " + std::strerror(errno));
+  }
+  const std::string own = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
+  if (const std::string removed = store::remove_interrupted_saves(own); !removed.empty()) log(removed);
+  if (const std::string loaded = load_shard_checkpoint(options.checkpoint_dir, service); !loaded.empty()) {
+    log("loaded checkpoint " + loaded);
+  }
+}
+
+// The accept loop: new connections wait, without a thread, until their HELLO is whole (at most
+// kMaxWaitingForHello of them, each for kHelloTimeout); an authenticated one gets a thread of its own
+// (serve_connection) while fewer than --max-connections are served. Runs until a stop signal.
+class Acceptor {
+ public:
+  Acceptor(const ServerOptions& options, ShardService& service, Socket& listener, ConnectionCount& connections)
+      : options_(options),
+        service_(service),
+        listener_(listener),
+        connections_(connections),
+        waiting_buffers_(service),
+        idle_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.idle_timeout))),
+        max_waiting_(std::min(kMaxWaitingForHello, options.max_connections)),
+        too_many_("too many connections (--max-connections " + std::to_string(options.max_connections) +
+                  "); try again later") {}
+
+  void run() {
+    std::vector<pollfd> entries;
+    while (!stop_requested.load()) {
+      entries.assign({{listener_.fd(), POLLIN, 0}, {stop_pipe[0], POLLIN, 0}});
+      for (const Waiting& entry : waiting_) entries.push_back(pollfd{entry.socket.fd(), POLLIN, 0});
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kStopPoll);
+      if (!waiting_.empty()) {
+        const auto until_deadline =
+            std::chrono::duration_cast<std::chrono::milliseconds>(waiting_.front().deadline - Clock::now());
+        wait = std::clamp(until_deadline + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
+      }
+      if (::poll(entries.data(), entries.size(), int(wait.count())) < 0 && errno != EINTR) continue;
+      if (stop_requested.load()) break;
+      // Connections already waiting are read before a new one may push the oldest out.
+      for (size_t k = 0; k < waiting_.size(); ++k) {
+        if (entries[2 + k].revents != 0) progress(waiting_[k]);
+      }
+      refuse_late_hellos();
+      // One connection per round, so that a flood of new ones cannot outrun the reading of waiting ones.
+      Socket socket((entries[0].revents & POLLIN) != 0 ? ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC)
+                                                       : -1);
+      if (socket.valid()) admit(std::move(socket));
+      forget_done();
+    }
+    for (Waiting& entry : waiting_) close_waiting(entry);
+  }
+
+ private:
+  void close_waiting(Waiting& entry) {
+    entry.socket.close();
+    entry.done = true;
+    service_.connection_closed();
+  }
+
+  // The first frame is whole: the handshake, then a thread for the authenticated connection.
+  void hand_off(Waiting& entry) {
+    std::shared_ptr<Session> session;
+    Response response = service_.handshake(entry.frame, session);
+    if (session == nullptr) {
+      send_now(entry.socket, response.frame);
+      close_waiting(entry);
+      return;
+    }
+    if (!connections_.try_add(options_.max_connections)) {
+      send_now(entry.socket, refusal(ErrorCode::Unavailable, entry.frame.header.request_id, too_many_));
+      service_.end_connection(*session);
+      close_waiting(entry);
+      return;
+    }
+    entry.done = true;
+    try {
+      std::thread([&connections = connections_, &service = service_, socket = std::move(entry.socket),
+                   session = std::move(session), response = std::move(response), idle_timeout = idle_timeout_,
+                   &options = options_]() mutable {
+        serve_connection(std::move(socket), service, std::move(session), response, idle_timeout, options.idle_timeout);
+        connections.remove();
+      }).detach();
+    } catch (const std::system_error&) {
+      // No thread for it: the socket closed with the lambda.
+      service_.end_connection(*session);
+      service_.connection_closed();
+      connections_.remove();
+      log("cannot start a thread for a new connection");
+    }
+  }
+
+  void progress(Waiting& entry) {
+    try {
+      if (read_first_frame(entry)) hand_off(entry);
+    } catch (const BadFrame& error) {
+      send_now(entry.socket, service_.refuse_frame(error).frame);
+      close_waiting(entry);
+    } catch (const std::exception&) {
+      close_waiting(entry);
+    }
+  }
+
+  void refuse_late_hellos() {
+    const Clock::time_point now = Clock::now();
+    for (Waiting& entry : waiting_) {
+      if (!entry.done && now >= entry.deadline) {
+        send_now(entry.socket, refusal(ErrorCode::Protocol, 0, "no HELLO within 5 s of connecting"));
+        close_waiting(entry);
+      }
+    }
+  }
+
+  // A new connection waits for its HELLO, unless every slot is taken by authenticated ones. Every
+  // slot a waiting connection holds can be taken back: the oldest gives way.
+  void admit(Socket socket) {
+    tune_connection(socket);
+    const uint32_t authenticated = connections_.count();
+    if (authenticated >= options_.max_connections) {
+      send_now(socket, refusal(ErrorCode::Unavailable, 0, too_many_));
+      return;
+    }
+    size_t live = 0;
+    for (const Waiting& entry : waiting_) live += entry.done ? 0 : 1;
+    if (live >= max_waiting_ || live + authenticated >= options_.max_connections) {
+      for (Waiting& entry : waiting_) {
+        if (entry.done) continue;
+        send_now(entry.socket, refusal(ErrorCode::Unavailable, 0,
+                                       "dropped for a newer connection: " + std::to_string(live) +
+                                           " connections were waiting to send HELLO; send it as soon as you connect"));
+        close_waiting(entry);
+        break;
+      }
+    }
+    service_.connection_opened();
+    waiting_.push_back(Waiting{});
+    waiting_.back().socket = std::move(socket);
+    waiting_.back().deadline = Clock::now() + kHelloTimeout;
+    progress(waiting_.back());  // the HELLO usually came with the connection
+  }
+
+  // Drops the handed-off and closed connections; the rest's buffers count in the shard's memory.
+  void forget_done() {
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const Waiting& entry) { return entry.done; }),
+                   waiting_.end());
+    uint64_t waiting_bytes = 0;
+    for (const Waiting& entry : waiting_) waiting_bytes += entry.frame.payload.capacity();
+    waiting_buffers_.set(waiting_bytes);
+  }
+
+  const ServerOptions& options_;
+  ShardService& service_;
+  Socket& listener_;
+  ConnectionCount& connections_;
+  std::vector<Waiting> waiting_;  // oldest first
+  BufferCount waiting_buffers_;
+  const Clock::duration idle_timeout_;
+  const uint32_t max_waiting_;
+  const std::string too_many_;
+};
 
 }  // namespace
 
@@ -363,9 +530,9 @@ std::string load_shard_checkpoint(const std::string& dir, ShardService& service)
                   if (owner != shard) {
                     throw StoreError(ErrorCode::Corrupt,
                                      "checkpoint " + path + " holds row " + std::to_string(row_id) + " of table '" +
-                                         name + "', which belongs to shard " + std::to_string(owner) + ", not to shard " +
-                                         std::to_string(shard) + " of " + std::to_string(num_shards) +
-                                         ": it was written by another shard");
+                                         name + "', which belongs to shard " + std::to_string(owner) +
+                                         ", not to shard " + std::to_string(shard) + " of " +
+                                         std::to_string(num_shards) + ": it was written by another shard");
                   }
                 });
   }
@@ -376,17 +543,7 @@ std::string load_shard_checkpoint(const std::string& dir, ShardService& service)
 void run_server(const ServerOptions& options) {
   validate(options);
   ShardService service(options.service);
-  if (!options.checkpoint_dir.empty()) {
-    if (::mkdir(options.checkpoint_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw StoreError(ErrorCode::Io, "cannot create checkpoint directory " + options.checkpoint_dir + ": " +
-                                          std::strerror(errno));
-    }
-    const std::string own = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
-    if (const std::string removed = store::remove_interrupted_saves(own); !removed.empty()) log(removed);
-    if (const std::string loaded = load_shard_checkpoint(options.checkpoint_dir, service); !loaded.empty()) {
-      log("loaded checkpoint " + loaded);
-    }
-  }
+  if (!options.checkpoint_dir.empty()) restore_checkpoint_dir(options, service);
   HostPort bound;
   Socket listener = listen_on(parse_host_port(options.listen), bound);
   StopSignals signals;
@@ -397,115 +554,7 @@ void run_server(const ServerOptions& options) {
   ::fcntl(listener.fd(), F_SETFL, ::fcntl(listener.fd(), F_GETFL) | O_NONBLOCK);
   ConnectionCount connections;
   std::thread housekeeper(housekeeping, std::cref(options), std::ref(service));
-  const auto idle_timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.idle_timeout));
-  const uint32_t max_waiting = std::min(kMaxWaitingForHello, options.max_connections);
-  const std::string too_many = "too many connections (--max-connections " + std::to_string(options.max_connections) +
-                               "); try again later";
-  std::vector<Waiting> waiting;  // oldest first
-  BufferCount waiting_buffers(service);
-  const auto close_waiting = [&](Waiting& entry) {
-    entry.socket.close();
-    entry.done = true;
-    service.connection_closed();
-  };
-  // The first frame is whole: the handshake, then a thread for the authenticated connection.
-  const auto hand_off = [&](Waiting& entry) {
-    std::shared_ptr<Session> session;
-    Response response = service.handshake(entry.frame, session);
-    if (session == nullptr) {
-      send_now(entry.socket, response.frame);
-      close_waiting(entry);
-      return;
-    }
-    if (!connections.try_add(options.max_connections)) {
-      send_now(entry.socket, refusal(ErrorCode::Unavailable, entry.frame.header.request_id, too_many));
-      service.end_connection(*session);
-      close_waiting(entry);
-      return;
-    }
-    entry.done = true;
-    try {
-      std::thread([&connections, &service, socket = std::move(entry.socket), session = std::move(session),
-                   response = std::move(response), idle_timeout, &options]() mutable {
-        serve_connection(std::move(socket), service, std::move(session), response, idle_timeout, options.idle_timeout);
-        connections.remove();
-      }).detach();
-    } catch (const std::system_error&) {
-      // No thread for it: the socket closed with the lambda.
-      service.end_connection(*session);
-      service.connection_closed();
-      connections.remove();
-      log("cannot start a thread for a new connection");
-    }
-  };
-  const auto progress = [&](Waiting& entry) {
-    try {
-      if (read_first_frame(entry)) hand_off(entry);
-    } catch (const BadFrame& error) {
-      send_now(entry.socket, service.refuse_frame(error).frame);
-      close_waiting(entry);
-    } catch (const std::exception&) {
-      close_waiting(entry);
-    }
-  };
-  std::vector<pollfd> entries;
-  while (!stop_requested.load()) {
-    entries.assign({{listener.fd(), POLLIN, 0}, {stop_pipe[0], POLLIN, 0}});
-    for (const Waiting& entry : waiting) entries.push_back(pollfd{entry.socket.fd(), POLLIN, 0});
-    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kStopPoll);
-    if (!waiting.empty()) {
-      const auto until_deadline =
-          std::chrono::duration_cast<std::chrono::milliseconds>(waiting.front().deadline - Clock::now());
-      wait = std::clamp(until_deadline + std::chrono::milliseconds(1), std::chrono::milliseconds(0), wait);
-    }
-    if (::poll(entries.data(), entries.size(), int(wait.count())) < 0 && errno != EINTR) continue;
-    if (stop_requested.load()) break;
-    // Connections already waiting are read before a new one may push the oldest out.
-    for (size_t k = 0; k < waiting.size(); ++k) {
-      if (entries[2 + k].revents != 0) progress(waiting[k]);
-    }
-    const Clock::time_point now = Clock::now();
-    for (Waiting& entry : waiting) {
-      if (!entry.done && now >= entry.deadline) {
-        send_now(entry.socket, refusal(ErrorCode::Protocol, 0, "no HELLO within 5 s of connecting"));
-        close_waiting(entry);
-      }
-    }
-    // One connection per round, so that a flood of new ones cannot outrun the reading of waiting ones.
-    Socket socket((entries[0].revents & POLLIN) != 0 ? ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC) : -1);
-    if (socket.valid()) {
-      tune_connection(socket);
-      const uint32_t authenticated = connections.count();
-      size_t live = 0;
-      for (const Waiting& entry : waiting) live += entry.done ? 0 : 1;
-      if (authenticated >= options.max_connections) {
-        send_now(socket, refusal(ErrorCode::Unavailable, 0, too_many));
-      } else {
-        // Every slot a waiting connection holds can be taken back: the oldest gives way.
-        if (live >= max_waiting || live + authenticated >= options.max_connections) {
-          for (Waiting& entry : waiting) {
-            if (entry.done) continue;
-            send_now(entry.socket, refusal(ErrorCode::Unavailable, 0,
-                                           "dropped for a newer connection: " + std::to_string(live) +
-                                               " connections were waiting to send HELLO; send it as soon as you connect"));
-            close_waiting(entry);
-            break;
-          }
-        }
-        service.connection_opened();
-        waiting.push_back(Waiting{});
-        waiting.back().socket = std::move(socket);
-        waiting.back().deadline = Clock::now() + kHelloTimeout;
-        progress(waiting.back());  // the HELLO usually came with the connection
-      }
-    }
-    waiting.erase(std::remove_if(waiting.begin(), waiting.end(), [](const Waiting& entry) { return entry.done; }),
-                  waiting.end());
-    uint64_t waiting_bytes = 0;
-    for (const Waiting& entry : waiting) waiting_bytes += entry.frame.payload.capacity();
-    waiting_buffers.set(waiting_bytes);
-  }
-  for (Waiting& entry : waiting) close_waiting(entry);
+  Acceptor(options, service, listener, connections).run();
   listener.close();
   service.stop_staged_steps();  // a part waiting for a dead rank would hold its thread up to its timeout
   connections.wait_for_none();

@@ -79,9 +79,9 @@ Response ShardService::handshake(const Frame& frame, std::shared_ptr<Session>& s
                                 " (upgrade the client or the server so that they match)");
     }
     if (!options_.token.empty() && !same_token(options_.token, hello.token)) {
-      Response response = error_response(opcode, request_id, ErrorCode::PermissionDenied,
-                                         hello.token.empty() ? "this server requires a token; pass the one in its --token-file"
-                                                             : "wrong token");
+      Response response = error_response(
+          opcode, request_id, ErrorCode::PermissionDenied,
+          hello.token.empty() ? "this server requires a token; pass the one in its --token-file" : "wrong token");
       response.close_after = true;
       return response;
     }
@@ -115,7 +115,8 @@ Response ShardService::handle(Session& session, const Frame& frame) {
   } catch (const StoreError& error) {
     return error_response(opcode, request_id, error.code(), operation + ": " + error.what());
   } catch (const std::bad_alloc&) {
-    return error_response(opcode, request_id, ErrorCode::Full, operation + ": store full: the server ran out of memory");
+    return error_response(opcode, request_id, ErrorCode::Full,
+                          operation + ": store full: the server ran out of memory");
   } catch (const std::exception& error) {
     return error_response(opcode, request_id, ErrorCode::InvalidArgument, operation + ": " + error.what());
   }
@@ -123,14 +124,9 @@ Response ShardService::handle(Session& session, const Frame& frame) {
 
 std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame) {
   switch (frame.header.opcode) {
-    case Opcode::Hello:
-      throw StoreError(ErrorCode::Protocol, "HELLO was already received on this connection");
-    case Opcode::Ping:
-      decode<Empty>(frame);
-      return reply_empty(frame);
-    case Opcode::Stats:
-      decode<Empty>(frame);
-      return reply(frame, stats());
+    case Opcode::Hello: throw StoreError(ErrorCode::Protocol, "HELLO was already received on this connection");
+    case Opcode::Ping: decode<Empty>(frame); return reply_empty(frame);
+    case Opcode::Stats: decode<Empty>(frame); return reply(frame, stats());
     case Opcode::CreateTable: return create_table(session, frame);
     case Opcode::OpenNamed: return open_named(frame);
     case Opcode::Find: return find(frame);
@@ -155,9 +151,10 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
       const auto request = decode<SetOptimizerRequest>(frame);
       const Target target = resolve(session, request.table_id);
       const store::TableStats stats = target.table->stats();
-      const uint64_t record_floats =
-          stats.dim + store::optimizer_state_words(request.optimizer.kind, target.table->dtype(), stats.dim);
-      const Reservation relaid = reserve(stats.rows * row_cost(record_floats));  // records re-laid side by side
+      const uint64_t record_words =
+          stats.row_words +
+          store::optimizer_state_words(request.optimizer.kind, target.table->dtype(), stats.row_words);
+      const Reservation relaid = reserve(stats.rows * row_cost(record_words));  // records re-laid side by side
       target.table->set_optimizer(request.optimizer);
       return reply_empty(frame);
     }
@@ -220,8 +217,9 @@ ShardService::Target ShardService::resolve(const Session& session, uint64_t tabl
     const auto found = directory_.find(table_id);
     // Another session's anonymous table is reported exactly like a missing one.
     if (found == directory_.end() || (found->second.owner_session != 0 && found->second.owner_session != session.id)) {
-      throw StoreError(ErrorCode::NotFound, "no table with id " + std::to_string(table_id) + " on this shard" +
-                                                " (anonymous tables are visible only to the session that created them)");
+      throw StoreError(ErrorCode::NotFound,
+                       "no table with id " + std::to_string(table_id) + " on this shard" +
+                           " (anonymous tables are visible only to the session that created them)");
     }
     entry = found->second;
   }
@@ -229,7 +227,7 @@ ShardService::Target ShardService::resolve(const Session& session, uint64_t tabl
 }
 
 ShardService::Target ShardService::resolve_rows(const Session& session, uint64_t table_id, store::ElementType dtype,
-                                               Opcode opcode) const {
+                                                Opcode opcode) const {
   Target target = resolve(session, table_id);
   const store::ElementType held = target.table->dtype();
   if (dtype != held) {
@@ -278,7 +276,8 @@ void ShardService::register_table(uint64_t table_id, const TableEntry& entry) {
 }
 
 void ShardService::adopt_named_tables() {
-  for (const auto& [name, table] : store_.named_tables()) register_table(table->id(), TableEntry{route_key_of_name(name), 0, name});
+  for (const auto& [name, table] : store_.named_tables())
+    register_table(table->id(), TableEntry{route_key_of_name(name), 0, name});
 }
 
 // What the shard holds outside its tables and requests: the empty regions of row memory the pool keeps
@@ -300,7 +299,7 @@ uint64_t ShardService::memory_used() const {
 }
 
 ShardService::Reservation ShardService::reserve(uint64_t growth, const std::function<uint64_t()>& precise,
-                                               uint64_t working) const {
+                                                uint64_t working) const {
   if (options_.max_memory == 0) return {};
   // A small request's own memory is left out, so that a full shard still answers reads of the rows it
   // holds: at most --max-connections times this, part of the constant docs/server.md states.
@@ -334,9 +333,9 @@ ShardService::Reservation ShardService::reserve(uint64_t growth, const std::func
 }
 
 ShardService::Reservation ShardService::reserve_rows(const store::Table& table, const uint64_t* ids, size_t n,
-                                                    uint64_t working) const {
+                                                     uint64_t working) const {
   const store::TableConfig config = table.config();
-  const uint64_t cost = row_cost(uint64_t{config.dim} + config.state_floats);
+  const uint64_t cost = row_cost(uint64_t{config.row_words} + config.state_words);
   return reserve(
       n * cost,
       [&] {
@@ -390,8 +389,7 @@ ServerStats ShardService::stats() {
       stats.bytes += table.bytes;
       stats.table_counters.push_back(
           TableCounters{info.id, info.name, table.rows, table.evicted, table.admitted, table.pending, held->policy()});
-    } catch (const StoreError&) {
-    }
+    } catch (const StoreError&) {}
   }
   stats.max_memory = options_.max_memory;
   stats.requests = requests_.load();
@@ -487,12 +485,12 @@ std::vector<uint8_t> ShardService::read_rows(const Session& session, const Frame
   const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const size_t n = request.ids.size();
   check_rows(target, request.ids.data(), n);
-  const uint64_t dim = target.table->config().dim;
+  const uint64_t dim = target.table->config().row_words;
   check_response_size(n * dim * sizeof(float), opcode_name(uint8_t(frame.header.opcode)));
   // The rows go straight into the response frame: its payload is one array of n * dim floats.
   const uint64_t response_bytes = kHeaderBytes + sizeof(uint32_t) + n * dim * sizeof(float);
-  const Reservation reserved = materialize ? reserve_rows(*target.table, request.ids.data(), n, response_bytes)
-                                           : reserve(0, {}, response_bytes);
+  const Reservation reserved =
+      materialize ? reserve_rows(*target.table, request.ids.data(), n, response_bytes) : reserve(0, {}, response_bytes);
   std::vector<uint8_t> response = take_buffer_of_size(response_bytes);
   auto* rows = reinterpret_cast<float*>(place_array<float>(response, kHeaderBytes, n * dim));
   if (materialize) {
@@ -512,8 +510,8 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
   check_rows(target, request.ids.data(), n);
   if (request.per_sample_weights) {
     if (request.per_sample_weights->size() != n) {
-      invalid("per_sample_weights holds " + std::to_string(request.per_sample_weights->size()) +
-              " weights for " + std::to_string(n) + " ids");
+      invalid("per_sample_weights holds " + std::to_string(request.per_sample_weights->size()) + " weights for " +
+              std::to_string(n) + " ids");
     }
     if (request.mode != store::PoolingMode::Sum) invalid("per_sample_weights are only supported with mode Sum");
   }
@@ -528,7 +526,7 @@ std::vector<uint8_t> ShardService::gather_pooled_partial(const Session& session,
     }
     offsets[b] = int64_t(request.offsets[b]);
   }
-  const uint64_t dim = target.table->config().dim;
+  const uint64_t dim = target.table->config().row_words;
   const bool max = request.mode == store::PoolingMode::Max;
   if (request.ignore_nan.size() != (max ? num_bags : 0)) {
     invalid("ignore_nan holds " + std::to_string(request.ignore_nan.size()) + " flags; mode " +
@@ -569,10 +567,10 @@ std::vector<uint8_t> ShardService::write_or_update(const Session& session, const
   const auto request = decode<RowsRequest>(frame);
   const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   const size_t n = request.ids.size();
-  const uint64_t dim = target.table->config().dim;
+  const uint64_t dim = target.table->config().row_words;
   if (request.rows.size() != n * dim) {
-    invalid(std::string(update ? "grads" : "rows") + " hold " + std::to_string(request.rows.size()) +
-            " floats; " + std::to_string(n) + " ids of dim " + std::to_string(dim) + " need " + std::to_string(n * dim));
+    invalid(std::string(update ? "grads" : "rows") + " hold " + std::to_string(request.rows.size()) + " floats; " +
+            std::to_string(n) + " ids of dim " + std::to_string(dim) + " need " + std::to_string(n * dim));
   }
   check_rows(target, request.ids.data(), n);
   const Reservation reserved = reserve_rows(*target.table, request.ids.data(), n);
@@ -590,7 +588,7 @@ std::vector<uint8_t> ShardService::write_bytes(const Session& session, const Fra
   const uint64_t nbytes = request.data.size();
   target.table->check_byte_range(request.byte_offset, nbytes);
   if (nbytes == 0) return reply_empty(frame);
-  const uint64_t row_bytes = uint64_t{target.table->config().dim} * sizeof(float);
+  const uint64_t row_bytes = uint64_t{target.table->config().row_words} * sizeof(float);
   const uint64_t first_row = request.byte_offset / row_bytes;
   const uint64_t last_row = (request.byte_offset + nbytes - 1) / row_bytes;
   std::vector<uint64_t> rows(last_row - first_row + 1);  // at most nbytes / 4 + 2: bounded by the frame
@@ -623,7 +621,7 @@ std::vector<uint8_t> ShardService::gather_state(const Session& session, const Fr
   const auto request = decode<IdsRequest>(frame);
   const Target target = resolve_rows(session, request.table_id, request.dtype, frame.header.opcode);
   check_rows(target, request.ids.data(), request.ids.size());
-  check_response_size(request.ids.size() * uint64_t{target.table->config().state_floats} * sizeof(float),
+  check_response_size(request.ids.size() * uint64_t{target.table->config().state_words} * sizeof(float),
                       "GATHER_STATE");
   StateResponse response;
   response.width = target.table->gather_state(request.ids.data(), request.ids.size(), response.state);
@@ -643,7 +641,7 @@ std::vector<uint8_t> ShardService::policy_state(const Session& session, const Fr
   const auto request = decode<TableRequest>(frame);
   const Target target = resolve(session, request.table_id);
   PolicyStateResponse response;
-  if (const std::optional<store::Table::PolicyState> state = target.table->policy_state()) {
+  if (const std::optional<store::TablePolicyState> state = target.table->policy_state()) {
     const std::string encoded = store::encode_policy_state(*state);
     check_response_size(encoded.size(), "GET_POLICY_STATE");
     response.state.assign(encoded.begin(), encoded.end());
@@ -656,7 +654,7 @@ std::vector<uint8_t> ShardService::restore_policy(const Session& session, const 
   const Target target = resolve(session, request.table_id);
   const uint64_t num_rows = target.table->config().num_rows;
   // decode_policy_state checks every count against the bytes present before it allocates.
-  const store::Table::PolicyState state =
+  const store::TablePolicyState state =
       store::decode_policy_state(request.state.data(), request.state.size(), num_rows, num_rows);
   const Reservation sketch = reserve(sketch_bytes(state.config));
   target.table->restore_policy_state(state);

@@ -25,8 +25,8 @@ namespace recdev::net {
 struct ServiceOptions {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
-  std::string token;          // empty: no token required
-  uint64_t max_memory = 0;    // bytes; 0 = no limit
+  std::string token;        // empty: no token required
+  uint64_t max_memory = 0;  // bytes; 0 = no limit
   double lease_seconds = 60;
   // Synchronous steps (STAGE_UPDATE): the gradient bytes all fleets may have staged at once, and the
   // longest a part waits for the others, whatever timeout its client asked for.

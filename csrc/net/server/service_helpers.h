@@ -31,7 +31,7 @@ constexpr uint64_t kNewTableBytes = 64 * 1024;
 // Room left in a response for everything but its bulk arrays.
 constexpr uint64_t kResponseSlackBytes = 4096;
 
-inline uint64_t row_cost(uint64_t record_floats) { return record_floats * sizeof(float) + kRowOverheadBytes; }
+inline uint64_t row_cost(uint64_t record_words) { return record_words * sizeof(float) + kRowOverheadBytes; }
 
 // What a policy's admission sketch holds (FrequencySketch::bytes_for), for the memory limit: a client
 // choosing the width, or a budget that sizes it (width 0), must not make the shard allocate past
@@ -69,15 +69,16 @@ inline std::string decimal(unsigned __int128 value) {
 // What the server adds to store::validate_table_config for the tables it serves.
 inline void check_table_shape(const store::TableConfig& config) {
   if (config.num_rows == 0) invalid("a table needs at least 1 row; num_rows is 0");
-  if (config.dim > kMaxDim) {
-    invalid("dim " + std::to_string(config.dim) + " is past the server's limit of " + std::to_string(kMaxDim) +
+  if (config.row_words > kMaxDim) {
+    invalid("dim " + std::to_string(config.row_words) + " is past the server's limit of " + std::to_string(kMaxDim) +
             " (one row with optimizer state must fit in a frame)");
   }
   // In 128 bits: the product of two 64-bit-sized factors wraps, and the message must be right.
-  const unsigned __int128 bytes = static_cast<unsigned __int128>(config.num_rows) * config.dim * sizeof(float);
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(config.num_rows) * config.row_words * sizeof(float);
   if (bytes > UINT64_MAX) {
-    invalid("a table of " + std::to_string(config.num_rows) + " rows of dim " + std::to_string(config.dim) + " is " +
-            decimal(bytes) + " bytes, past the 2^64 bytes a byte offset (WRITE_BYTES) can address; use fewer rows");
+    invalid("a table of " + std::to_string(config.num_rows) + " rows of dim " + std::to_string(config.row_words) +
+            " is " + decimal(bytes) +
+            " bytes, past the 2^64 bytes a byte offset (WRITE_BYTES) can address; use fewer rows");
   }
 }
 

@@ -17,7 +17,7 @@ std::vector<uint8_t> ShardService::stage_update(const Session& session, const Fr
   if (rows.dtype != store::ElementType::Float32) invalid("synchronous steps carry float32 gradients");
   const Target target = resolve_rows(session, rows.table_id, rows.dtype, frame.header.opcode);
   const size_t n = rows.ids.size();
-  const uint32_t dim = target.table->config().dim;
+  const uint32_t dim = target.table->config().row_words;
   if (rows.rows.size() != n * dim) {
     invalid("grads hold " + std::to_string(rows.rows.size()) + " floats; " + std::to_string(n) + " ids of dim " +
             std::to_string(dim) + " need " + std::to_string(n * dim));
@@ -31,10 +31,11 @@ std::vector<uint8_t> ShardService::stage_update(const Session& session, const Fr
   const Reservation new_rows = reserve_rows(*target.table, rows.ids.data(), n);
   if (request.timeout_ms == 0) invalid("a synchronous step's timeout_ms must be positive");
   // The budget is judged on the whole step (every rank's rows), once they are all in.
-  staged_steps_.stage(rows.table_id, request.tag, request.rank_rows, request.timeout_ms / 1000.0,
-                      std::move(rows.ids), std::move(rows.rows),
-                      [&](const std::vector<uint64_t>& ids) { target.table->check_update_fits(ids.data(), ids.size()); },
-                      session.weak_from_this());
+  staged_steps_.stage(
+      rows.table_id, request.tag, request.rank_rows, request.timeout_ms / 1000.0, std::move(rows.ids),
+      std::move(rows.rows),
+      [&](const std::vector<uint64_t>& ids) { target.table->check_update_fits(ids.data(), ids.size()); },
+      session.weak_from_this());
   return reply_empty(frame);
 }
 

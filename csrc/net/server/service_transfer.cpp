@@ -26,13 +26,13 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
         [&](const store::TableScanHeader& header) {
           snapshot.table = TableDescription{request.table_id, header.config, header.init_stream, header.optimizer,
                                             header.optimizer_step};
-          snapshot.record_floats = header.config.dim + header.config.state_floats;
+          snapshot.record_words = header.config.row_words + header.config.state_words;
           snapshot.ids.reserve(header.row_count);
-          snapshot.records.reserve(header.row_count * snapshot.record_floats);
+          snapshot.records.reserve(header.row_count * snapshot.record_words);
         },
         [&](uint64_t row_id, const float* record) {
           snapshot.ids.push_back(row_id);
-          snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_floats);
+          snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_words);
         });
     snapshot_id = sessions_.next_object_id();
     staged_bytes_.fetch_add(snapshot.bytes());
@@ -44,17 +44,17 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
                                               std::to_string(request.table_id) + " in this session");
   }
   DumpSnapshot& snapshot = found->second;
-  const uint64_t record_bytes = uint64_t{snapshot.record_floats} * sizeof(float) + sizeof(uint64_t);
+  const uint64_t record_bytes = uint64_t{snapshot.record_words} * sizeof(float) + sizeof(uint64_t);
   const uint64_t fit = (kMaxPayloadBytes - kResponseSlackBytes) / record_bytes;
   const size_t count = size_t(std::min<uint64_t>({request.max_rows, fit, snapshot.ids.size() - snapshot.next}));
   DumpResponse response;
   response.snapshot_id = snapshot_id;
   response.table = snapshot.table;
   response.total_rows = snapshot.ids.size();
-  response.record_floats = snapshot.record_floats;
+  response.record_words = snapshot.record_words;
   response.ids.assign(snapshot.ids.begin() + snapshot.next, snapshot.ids.begin() + snapshot.next + count);
-  const auto records = snapshot.records.begin() + snapshot.next * snapshot.record_floats;
-  response.records.assign(records, records + count * snapshot.record_floats);
+  const auto records = snapshot.records.begin() + snapshot.next * snapshot.record_words;
+  response.records.assign(records, records + count * snapshot.record_words);
   snapshot.next += count;
   response.done = snapshot.next == snapshot.ids.size();
   if (response.done) {
@@ -72,11 +72,11 @@ std::string label_of(const BeginLoadRequest& header) {
 
 // A load into an existing table must keep its shape: rows already handed out stay valid.
 void check_same_shape(const store::TableConfig& existing, const BeginLoadRequest& header, const char* since) {
-  if (existing.num_rows != header.config.num_rows || existing.dim != header.config.dim ||
+  if (existing.num_rows != header.config.num_rows || existing.row_words != header.config.row_words ||
       existing.dtype != header.config.dtype) {
     invalid(label_of(header) + " " + since + " " + store::describe(existing) + "; the load has num_rows " +
-            std::to_string(header.config.num_rows) + ", dim " + std::to_string(header.config.dim) + " and dtype " +
-            store::describe(header.config.dtype) + " (rows are never loaded as another dtype)");
+            std::to_string(header.config.num_rows) + ", dim " + std::to_string(header.config.row_words) +
+            " and dtype " + store::describe(header.config.dtype) + " (rows are never loaded as another dtype)");
   }
 }
 
@@ -90,10 +90,10 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
   store::validate_table_config(request.config);
   check_table_shape(request.config);
   store::validate_optimizer(request.optimizer);
-  const uint32_t dim = request.config.dim;
+  const uint32_t dim = request.config.row_words;
   if (request.optimizer.kind != store::OptimizerKind::None &&
-      request.config.state_floats != store::optimizer_state_words(request.optimizer.kind, request.config.dtype, dim)) {
-    invalid("state_floats " + std::to_string(request.config.state_floats) + " does not match optimizer " +
+      request.config.state_words != store::optimizer_state_words(request.optimizer.kind, request.config.dtype, dim)) {
+    invalid("state_words " + std::to_string(request.config.state_words) + " does not match optimizer " +
             store::describe(request.optimizer) + ", which keeps " +
             std::to_string(store::optimizer_state_words(request.optimizer.kind, request.config.dtype, dim)) +
             " words per row");
@@ -115,7 +115,7 @@ std::vector<uint8_t> ShardService::begin_load(Session& session, const Frame& fra
     request.policy_state.clear();
   }
   load.label = label_of(request);
-  load.rows = std::make_unique<store::RowSet>(dim + request.config.state_floats);
+  load.rows = std::make_unique<store::RowSet>(dim + request.config.state_words);
   load.header = std::move(request);
   load.bytes = kNewTableBytes;
   const Reservation reserved = reserve(load.bytes);
@@ -135,11 +135,11 @@ std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& fram
   }
   StagedLoad& load = found->second;
   const store::TableConfig& config = load.header.config;
-  const uint64_t record_floats = uint64_t{config.dim} + config.state_floats;
+  const uint64_t record_words = uint64_t{config.row_words} + config.state_words;
   const size_t n = request.ids.size();
-  if (request.records.size() != n * record_floats) {
-    invalid("records hold " + std::to_string(request.records.size()) + " floats; " + std::to_string(n) +
-            " rows of " + std::to_string(record_floats) + " floats need " + std::to_string(n * record_floats));
+  if (request.records.size() != n * record_words) {
+    invalid("records hold " + std::to_string(request.records.size()) + " floats; " + std::to_string(n) + " rows of " +
+            std::to_string(record_words) + " floats need " + std::to_string(n * record_words));
   }
   for (size_t i = 0; i < n; ++i) {
     if (request.ids[i] >= config.num_rows) {
@@ -152,17 +152,17 @@ std::vector<uint8_t> ShardService::load_rows(Session& session, const Frame& fram
               std::to_string(owner) + ", not to shard " + std::to_string(options_.shard));
     }
   }
-  const uint64_t growth = n * row_cost(record_floats);
+  const uint64_t growth = n * row_cost(record_words);
   const Reservation reserved = reserve(growth);
   for (size_t i = 0; i < n; ++i) {
-    if (!load.rows->insert(request.ids[i], request.records.data() + i * record_floats)) {
+    if (!load.rows->insert(request.ids[i], request.records.data() + i * record_words)) {
       staged_bytes_.fetch_sub(load.bytes);
       session.loads.erase(found);
       invalid("row id " + std::to_string(request.ids[i]) + " appears twice in load " + std::to_string(request.load_id) +
               ", which was dropped; start again with BEGIN_LOAD");
     }
-    load.bytes += row_cost(record_floats);
-    staged_bytes_.fetch_add(row_cost(record_floats));
+    load.bytes += row_cost(record_words);
+    staged_bytes_.fetch_add(row_cost(record_words));
     ++load.row_count;
   }
   return reply_empty(frame);

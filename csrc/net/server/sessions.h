@@ -28,15 +28,15 @@ struct StagedLoad {
   std::string label;       // the target, for errors
   std::unique_ptr<store::RowSet> rows;
   uint64_t row_count = 0;
-  uint64_t bytes = 0;  // estimated memory held, counted against --max-memory
-  std::optional<store::Table::PolicyState> policy;  // header.policy_state, decoded
+  uint64_t bytes = 0;                             // estimated memory held, counted against --max-memory
+  std::optional<store::TablePolicyState> policy;  // header.policy_state, decoded
 };
 
 // A point-in-time copy of a table's materialized rows, read out by DUMP a batch at a time.
 struct DumpSnapshot {
   uint64_t table_id = 0;
   TableDescription table;
-  uint32_t record_floats = 0;
+  uint32_t record_words = 0;
   std::vector<uint64_t> ids;
   std::vector<float> records;
   size_t next = 0;  // the first row not yet sent

@@ -7,8 +7,8 @@
 namespace recdev::net {
 
 using store::ErrorCode;
-using store::StoreError;
 using store::seconds_text;
+using store::StoreError;
 
 namespace {
 
@@ -68,9 +68,9 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
                         std::weak_ptr<const Session> stager) {
   const std::string what = describe(table_id, tag);
   if (tag.world == 0 || tag.world > kMaxWorld || tag.rank >= tag.world) {
-    throw StoreError(ErrorCode::InvalidArgument, what + ": rank " + std::to_string(tag.rank) + " of " +
-                                                     std::to_string(tag.world) + " is not a rank of a fleet of at most " +
-                                                     std::to_string(kMaxWorld));
+    throw StoreError(ErrorCode::InvalidArgument,
+                     what + ": rank " + std::to_string(tag.rank) + " of " + std::to_string(tag.world) +
+                         " is not a rank of a fleet of at most " + std::to_string(kMaxWorld));
   }
   if (!(timeout_seconds > 0)) throw StoreError(ErrorCode::InvalidArgument, what + ": the timeout must be positive");
   // A client's timeout is its own business up to the server's cap, which bounds how long a part it
@@ -101,9 +101,9 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
   }
   const std::shared_ptr<Step> step = slot;
   if (step->world != tag.world) {
-    throw StoreError(ErrorCode::InvalidArgument, what + ": rank " + std::to_string(tag.rank) + " names a fleet of " +
-                                                     std::to_string(tag.world) + " ranks; the step's other parts name " +
-                                                     std::to_string(step->world));
+    throw StoreError(ErrorCode::InvalidArgument,
+                     what + ": rank " + std::to_string(tag.rank) + " names a fleet of " + std::to_string(tag.world) +
+                         " ranks; the step's other parts name " + std::to_string(step->world));
   }
   if (step->state != State::Collecting || step->staged[tag.rank]) {
     throw StoreError(ErrorCode::InvalidArgument,
@@ -143,9 +143,9 @@ void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_row
     missing += (count++ ? ", " : "") + std::to_string(r);
   }
   const StoreError error(ErrorCode::Unavailable, what + ": rank" + (count > 1 ? "s " : " ") + missing + " of " +
-                                                    std::to_string(step->world) + " sent no part within " +
-                                                    seconds_text(timeout) +
-                                                    " (dead or hung); nothing of this step was applied");
+                                                     std::to_string(step->world) + " sent no part within " +
+                                                     seconds_text(timeout) +
+                                                     " (dead or hung); nothing of this step was applied");
   fail(key, step, std::make_exception_ptr(error));
   throw error;
 }

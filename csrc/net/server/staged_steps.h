@@ -78,7 +78,7 @@ class StagedSteps {
     Clock::time_point deadline;  // when a ready or applied step nobody commits is dropped
     std::vector<bool> staged, committed;
     std::vector<std::weak_ptr<const Session>> stagers;  // per rank
-    std::vector<std::vector<uint64_t>> ids;  // per rank
+    std::vector<std::vector<uint64_t>> ids;             // per rank
     std::vector<std::vector<float>> grads;
     uint64_t bytes = 0;
     bool any_rows = false;

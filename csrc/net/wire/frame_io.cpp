@@ -59,7 +59,8 @@ void read_payload(Socket& socket, Frame& frame, std::chrono::milliseconds payloa
 
 void skip_payload(Socket& socket, const FrameHeader& header, std::chrono::milliseconds payload_timeout) {
   std::vector<uint8_t> dropped(size_t{64} << 10);
-  read_chunks(socket, header.payload_bytes, dropped.size(), payload_timeout, [&](uint64_t, size_t) { return dropped.data(); });
+  read_chunks(socket, header.payload_bytes, dropped.size(), payload_timeout,
+              [&](uint64_t, size_t) { return dropped.data(); });
 }
 
 void write_frame(Socket& socket, const std::vector<uint8_t>& frame, Clock::time_point deadline) {

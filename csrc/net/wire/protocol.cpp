@@ -74,16 +74,16 @@ void decode(Reader& in, store::InitRule& rule) {
 
 void encode(Writer& out, const store::TableConfig& config) {
   out.put<uint64_t>(config.num_rows);
-  out.put<uint32_t>(config.dim);
-  out.put<uint32_t>(config.state_floats);
+  out.put<uint32_t>(config.row_words);
+  out.put<uint32_t>(config.state_words);
   encode(out, config.init);
   out.put<uint8_t>(uint8_t(config.dtype));
 }
 
 void decode(Reader& in, store::TableConfig& config) {
   config.num_rows = in.get<uint64_t>("num_rows");
-  config.dim = in.get<uint32_t>("dim");
-  config.state_floats = in.get<uint32_t>("state_floats");
+  config.row_words = in.get<uint32_t>("dim");
+  config.state_words = in.get<uint32_t>("state_words");
   decode(in, config.init);
   config.dtype = get_enum<store::ElementType, uint8_t>(in, "element type", store::ElementType::Bytes);
 }
@@ -120,7 +120,7 @@ void decode(Reader& in, store::OptimizerConfig& optimizer) {
 
 void encode(Writer& out, const store::TableStats& stats) {
   out.put<uint64_t>(stats.num_rows);
-  out.put<uint32_t>(stats.dim);
+  out.put<uint32_t>(stats.row_words);
   out.put<uint64_t>(stats.rows);
   out.put<uint64_t>(stats.bytes);
   out.put<uint64_t>(stats.reads);
@@ -133,7 +133,7 @@ void encode(Writer& out, const store::TableStats& stats) {
 
 void decode(Reader& in, store::TableStats& stats) {
   stats.num_rows = in.get<uint64_t>("num_rows");
-  stats.dim = in.get<uint32_t>("dim");
+  stats.row_words = in.get<uint32_t>("dim");
   stats.rows = in.get<uint64_t>("rows");
   stats.bytes = in.get<uint64_t>("bytes");
   stats.reads = in.get<uint64_t>("reads");
@@ -168,8 +168,10 @@ uint64_t get_budget(Reader& in, bool present, const char* what) {
     return 0;
   }
   if (value <= 0) {
-    throw StoreError(ErrorCode::InvalidArgument, std::string(what) + " must be a positive number (or absent for no "
-                                                 "budget); got " + std::to_string(value));
+    throw StoreError(ErrorCode::InvalidArgument, std::string(what) +
+                                                     " must be a positive number (or absent for no "
+                                                     "budget); got " +
+                                                     std::to_string(value));
   }
   return uint64_t(value);
 }
@@ -230,7 +232,8 @@ void finish_frame(std::vector<uint8_t>& frame, Opcode opcode, uint64_t request_i
   if (payload > kMaxPayloadBytes) {
     throw StoreError(ErrorCode::InvalidArgument, std::string(opcode_name(uint8_t(opcode))) + " of " +
                                                      std::to_string(payload) + " bytes is past the frame limit of " +
-                                                     std::to_string(kMaxPayloadBytes) + " bytes; split it into smaller batches");
+                                                     std::to_string(kMaxPayloadBytes) +
+                                                     " bytes; split it into smaller batches");
   }
   encode_header(FrameHeader{uint32_t(payload), opcode, flags, request_id}, frame.data());
 }
@@ -667,7 +670,7 @@ void encode(Writer& out, const DumpResponse& m) {
   out.put<uint64_t>(m.snapshot_id);
   encode(out, m.table);
   out.put<uint64_t>(m.total_rows);
-  out.put<uint32_t>(m.record_floats);
+  out.put<uint32_t>(m.record_words);
   out.put_array(m.ids);
   out.put_array(m.records);
   out.put_bool(m.done);
@@ -676,7 +679,7 @@ void decode(Reader& in, DumpResponse& m) {
   m.snapshot_id = in.get<uint64_t>("snapshot_id");
   decode(in, m.table);
   m.total_rows = in.get<uint64_t>("total_rows");
-  m.record_floats = in.get<uint32_t>("record_floats");
+  m.record_words = in.get<uint32_t>("record_words");
   m.ids = in.get_array<uint64_t>("ids");
   m.records = in.get_array<float>("records");
   m.done = in.get_bool("done");

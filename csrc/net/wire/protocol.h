@@ -21,6 +21,7 @@
 #include "store/errors.h"
 #include "store/init_rule.h"
 #include "store/optimizer.h"
+#include "store/sync_steps.h"
 #include "store/table.h"
 #include "wire.h"
 
@@ -46,8 +47,8 @@ constexpr size_t kMaxMessageBytes = 64 * 1024;
 // The largest frame a server reads before HELLO: a HELLO with the longest token is 4118 bytes, so
 // a client that has not authenticated cannot make the server buffer more.
 constexpr uint32_t kMaxHelloPayloadBytes = 8 * 1024;
-// A table whose record (weight plus the widest optimizer state, Adam's 2 * dim) could not travel in
-// one frame is refused at creation: dim <= 2^24.
+// A table whose record (weight plus the widest optimizer state, Adam's 2 * row_words) could not travel in
+// one frame is refused at creation: row_words <= 2^24.
 constexpr uint32_t kMaxDim = uint32_t{1} << 24;
 
 enum class Opcode : uint8_t {
@@ -166,15 +167,15 @@ struct TableCounters {
 struct ServerStats {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
-  uint64_t tables = 0;        // named and anonymous
+  uint64_t tables = 0;  // named and anonymous
   uint64_t named_tables = 0;
-  uint64_t rows = 0;          // materialized rows of every table
-  uint64_t bytes = 0;         // memory held by every table, staged loads and dump snapshots
-  uint64_t max_memory = 0;    // --max-memory, 0 = no limit
-  uint64_t requests = 0;      // requests answered since start
-  uint64_t errors = 0;        // of them, error responses
-  uint64_t connections = 0;   // open now
-  uint64_t sessions = 0;      // live now
+  uint64_t rows = 0;         // materialized rows of every table
+  uint64_t bytes = 0;        // memory held by every table, staged loads and dump snapshots
+  uint64_t max_memory = 0;   // --max-memory, 0 = no limit
+  uint64_t requests = 0;     // requests answered since start
+  uint64_t errors = 0;       // of them, error responses
+  uint64_t connections = 0;  // open now
+  uint64_t sessions = 0;     // live now
   double uptime_seconds = 0;
   std::vector<TableCounters> table_counters;  // every table, by id
 };
@@ -245,14 +246,14 @@ struct IdsRequest {  // Gather, Peek, Exists, Erase, GatherState
   std::vector<uint64_t> ids;
 };
 
-struct RowsRequest {  // Write (rows), Update (gradients): ids.size() * dim words of the element type
+struct RowsRequest {  // Write (rows), Update (gradients): ids.size() * row_words words of the element type
   uint64_t table_id = 0;
   store::ElementType dtype = store::ElementType::Float32;
   std::vector<uint64_t> ids;
   std::vector<float> rows;
 };
 
-struct FloatsResponse {  // Gather, Peek: ids.size() * dim floats
+struct FloatsResponse {  // Gather, Peek: ids.size() * row_words words
   std::vector<float> values;
 };
 
@@ -261,7 +262,7 @@ struct ExistsResponse {
 };
 
 struct StateResponse {
-  uint32_t width = 0;  // state floats per row
+  uint32_t width = 0;  // state words per row
   std::vector<float> state;
 };
 
@@ -281,9 +282,9 @@ struct PooledPartialRequest {
 };
 
 struct PooledPartialResponse {
-  std::vector<float> values;      // num_bags * dim: sums (Sum, Mean) or maxima (Max; 0 for no row)
-  std::vector<uint32_t> counts;   // Sum, Mean: num_bags non-padding ids per bag; Max: empty
-  std::vector<int32_t> positions; // Max: num_bags * dim positions in ids (-1 for no row); else empty
+  std::vector<float> values;       // num_bags * row_words: sums (Sum, Mean) or maxima (Max; 0 for no row)
+  std::vector<uint32_t> counts;    // Sum, Mean: num_bags non-padding ids per bag; Max: empty
+  std::vector<int32_t> positions;  // Max: num_bags * row_words positions in ids (-1 for no row); else empty
 };
 
 struct WriteBytesRequest {
@@ -338,18 +339,13 @@ struct SetStepRequest {
 // A synchronous step of a fleet (docs/protocol.md, "Synchronous steps"): rank `rank` of `world` sends
 // each shard its part of step `step` of fleet `fleet`; the shard applies the parts of a table once,
 // as one update, when every rank's is in and one rank commits.
-struct StepTag {
-  uint64_t fleet = 0;
-  uint64_t step = 0;
-  uint32_t rank = 0;
-  uint32_t world = 0;
-};
+using store::StepTag;
 
 struct StageUpdateRequest {
   StepTag tag;
-  uint64_t rank_rows = 0;    // the rows this rank recorded for the table on all shards
-  uint32_t timeout_ms = 0;   // how long the shard waits for the other ranks' parts
-  RowsRequest rows;          // this rank's rows of the table on this shard, in batch order (float32)
+  uint64_t rank_rows = 0;   // the rows this rank recorded for the table on all shards
+  uint32_t timeout_ms = 0;  // how long the shard waits for the other ranks' parts
+  RowsRequest rows;         // this rank's rows of the table on this shard, in batch order (float32)
 };
 
 struct CommitUpdateRequest {
@@ -367,9 +363,9 @@ struct DumpResponse {
   uint64_t snapshot_id = 0;
   TableDescription table;   // as of the snapshot
   uint64_t total_rows = 0;  // materialized rows in the snapshot
-  uint32_t record_floats = 0;
+  uint32_t record_words = 0;
   std::vector<uint64_t> ids;
-  std::vector<float> records;  // ids.size() * record_floats: weight then optimizer state
+  std::vector<float> records;  // ids.size() * record_words: weight then optimizer state
   bool done = false;           // the last rows; the snapshot is released
 };
 
@@ -394,7 +390,7 @@ struct LoadIdResponse {
 struct LoadRowsRequest {
   uint64_t load_id = 0;
   std::vector<uint64_t> ids;
-  std::vector<float> records;  // ids.size() * (dim + state_floats)
+  std::vector<float> records;  // ids.size() * (row_words + state_words)
 };
 
 struct LoadRequest {  // AbortLoad
@@ -410,7 +406,7 @@ struct CommitLoadResponse {
 };
 
 // Each message type has encode(Writer&, const M&) and decode(Reader&, M&) overloads.
-#define RECDEV_NET_MESSAGE(M)          \
+#define RECDEV_NET_MESSAGE(M)           \
   void encode(Writer& out, const M& m); \
   void decode(Reader& in, M& m);
 RECDEV_NET_MESSAGE(Empty)

@@ -1,8 +1,6 @@
 #include "socket.h"
 
 #include <arpa/inet.h>
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -10,6 +8,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include "store/errors.h"
 
@@ -48,7 +48,8 @@ addrinfo* resolve(const HostPort& address, bool passive) {
   addrinfo* found = nullptr;
   const std::string port = std::to_string(address.port);
   if (const int error = ::getaddrinfo(address.host.c_str(), port.c_str(), &hints, &found); error != 0) {
-    throw StoreError(ErrorCode::Unavailable, "cannot resolve " + format_host_port(address) + ": " + gai_strerror(error));
+    throw StoreError(ErrorCode::Unavailable,
+                     "cannot resolve " + format_host_port(address) + ": " + gai_strerror(error));
   }
   return found;
 }
@@ -57,7 +58,8 @@ addrinfo* resolve(const HostPort& address, bool passive) {
 
 HostPort parse_host_port(const std::string& address) {
   const auto invalid = [&](const std::string& problem) {
-    throw StoreError(ErrorCode::InvalidArgument, "address '" + address + "' " + problem + " (expected HOST:PORT, e.g. 127.0.0.1:7070)");
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "address '" + address + "' " + problem + " (expected HOST:PORT, e.g. 127.0.0.1:7070)");
   };
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) invalid("has no host or no port");
@@ -184,8 +186,8 @@ Socket connect_to(const HostPort& address, std::chrono::milliseconds timeout) {
   int last_error = ETIMEDOUT;
   Socket connected;
   for (addrinfo* candidate = candidates; candidate != nullptr && !connected.valid(); candidate = candidate->ai_next) {
-    Socket attempt(::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                            candidate->ai_protocol));
+    Socket attempt(
+        ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, candidate->ai_protocol));
     if (!attempt.valid()) {
       last_error = errno;
       continue;

@@ -1,8 +1,8 @@
-// The `_store` binding of the store engine (csrc/store knows nothing of Python). Table operations release the GIL, so Python
-// threads can drive the store concurrently. StoreError becomes a Python exception by code:
-//   OutOfRange -> IndexError, NotFound -> KeyError, InvalidArgument and Corrupt -> ValueError,
-//   Io -> OSError, Full -> _store.StoreFullError (a MemoryError and a RuntimeError).
-#include "python/store_binding.h"
+// The `_store` binding of the store engine (csrc/store knows nothing of Python), for tests and
+// benchmarks only: the test module torch_recdev._testing holds it, never _C. Table operations release
+// the GIL, so Python threads can drive the store concurrently. StoreErrors become Python exceptions as
+// store_errors.h maps them.
+#include "python/testing/store_binding.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "python/store_errors.h"
+#include "python/table_policy_binding.h"
 #include "store/checkpoint.h"
 #include "store/chunk_pool.h"
 #include "store/errors.h"
@@ -19,7 +21,6 @@
 #include "store/philox.h"
 #include "store/store.h"
 #include "store/table.h"
-#include "python/table_policy_binding.h"
 
 namespace py = pybind11;
 
@@ -32,33 +33,6 @@ constexpr auto kArrayFlags = py::array::c_style | py::array::forcecast;
 using IdArray = py::array_t<uint64_t, kArrayFlags>;
 using OffsetArray = py::array_t<int64_t, kArrayFlags>;
 using FloatArray = py::array_t<float, kArrayFlags>;
-
-// Set once by bind(); kept for the life of the process like the module that owns it.
-PyObject* store_full_error = nullptr;
-
-void translate_store_error(std::exception_ptr error) {
-  try {
-    if (error) std::rethrow_exception(error);
-  } catch (const StoreError& e) {
-    PyObject* type = PyExc_RuntimeError;
-    switch (e.code()) {
-      case ErrorCode::OutOfRange: type = PyExc_IndexError; break;
-      case ErrorCode::NotFound: type = PyExc_KeyError; break;
-      case ErrorCode::InvalidArgument:
-      case ErrorCode::Corrupt: type = PyExc_ValueError; break;
-      case ErrorCode::Io: type = PyExc_OSError; break;
-      case ErrorCode::Full: type = store_full_error != nullptr ? store_full_error : PyExc_MemoryError; break;
-      case ErrorCode::Unavailable: type = PyExc_ConnectionError; break;
-      case ErrorCode::PermissionDenied: type = PyExc_PermissionError; break;
-      case ErrorCode::Protocol: break;  // RuntimeError: the two sides disagree on the protocol
-    }
-    // "replace": a message quoting a damaged file's table name may not be valid UTF-8.
-    const std::string message = e.what();
-    PyObject* text = PyUnicode_DecodeUTF8(message.data(), py::ssize_t(message.size()), "replace");
-    PyErr_SetObject(type, text);
-    Py_XDECREF(text);
-  }
-}
 
 std::string fspath(const py::object& path) { return py::str(py::module_::import("os").attr("fspath")(path)); }
 
@@ -88,7 +62,7 @@ template <typename Read>
 py::array_t<float> read_rows(const Table& table, const IdArray& ids, Read read) {
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
-  const uint32_t dim = table.config().dim;
+  const uint32_t dim = table.config().row_words;
   py::array_t<float> out({py::ssize_t(n), py::ssize_t(dim)});
   float* out_ptr = out.mutable_data();
   py::gil_scoped_release release;
@@ -132,7 +106,7 @@ py::tuple gather_pooled(Table& table, const IdArray& ids, const OffsetArray& off
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
   const auto [num_bags, weights] = bag_arrays(ids, offsets, per_sample_weights, include_last_offset);
-  const uint32_t dim = table.config().dim;
+  const uint32_t dim = table.config().row_words;
   py::array_t<float> out({py::ssize_t(num_bags), py::ssize_t(dim)});
   py::object max_positions = py::none();
   int64_t* positions_ptr = nullptr;
@@ -154,7 +128,7 @@ py::tuple gather_pooled(Table& table, const IdArray& ids, const OffsetArray& off
 void write(Table& table, const IdArray& ids, const FloatArray& rows) {
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
-  const uint32_t dim = table.config().dim;
+  const uint32_t dim = table.config().row_words;
   if (rows.ndim() != 2 || size_t(rows.shape(0)) != n || size_t(rows.shape(1)) != dim) {
     throw py::value_error("rows must have shape (" + std::to_string(n) + ", " + std::to_string(dim) + ")");
   }
@@ -198,7 +172,7 @@ void erase(Table& table, const IdArray& ids) {
 void update(Table& table, const IdArray& ids, const FloatArray& grads) {
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
-  const uint32_t dim = table.config().dim;
+  const uint32_t dim = table.config().row_words;
   if (grads.ndim() != 2 || size_t(grads.shape(0)) != n || size_t(grads.shape(1)) != dim) {
     std::string shape = "(";
     for (py::ssize_t axis = 0; axis < grads.ndim(); ++axis) {
@@ -219,7 +193,7 @@ void update_pooled(Table& table, const IdArray& ids, const OffsetArray& offsets,
   const uint64_t* id_ptr = id_data(ids);
   const size_t n = size_t(ids.size());
   const auto [num_bags, weights] = bag_arrays(ids, offsets, per_sample_weights, include_last_offset);
-  const uint32_t dim = table.config().dim;
+  const uint32_t dim = table.config().row_words;
   if (bag_grads.ndim() != 2 || size_t(bag_grads.shape(0)) != num_bags || size_t(bag_grads.shape(1)) != dim) {
     throw py::value_error("bag_grads must have shape (" + std::to_string(num_bags) + ", " + std::to_string(dim) +
                           ") — one row of dim floats per bag");
@@ -244,8 +218,7 @@ py::array_t<float> gather_state(const Table& table, const IdArray& ids) {
   return out;
 }
 
-py::array_t<float> init_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim,
-                            uint64_t num_rows) {
+py::array_t<float> init_row(const InitRule& rule, uint64_t table_id, uint64_t row_id, uint32_t dim, uint64_t num_rows) {
   validate_init_rule(rule);
   py::array_t<float> out{py::ssize_t{dim}};
   fill_row(rule, table_id, row_id, dim, num_rows, out.mutable_data());
@@ -264,13 +237,17 @@ void bind_init_rules(py::module_& s) {
       .def(py::init([](InitKind kind, double a, double b, uint64_t seed) { return InitRule{kind, a, b, seed}; }),
            py::arg("kind") = InitKind::Zero, py::arg("a") = 0.0, py::arg("b") = 0.0, py::arg("seed") = 0)
       .def_static("zero", [] { return InitRule{InitKind::Zero, 0, 0, 0}; })
-      .def_static("constant", [](double value) { return InitRule{InitKind::Constant, value, 0, 0}; }, py::arg("value"))
-      .def_static("normal", [](double mean, double std, uint64_t seed) { return InitRule{InitKind::Normal, mean, std, seed}; },
-                  py::arg("mean"), py::arg("std"), py::arg("seed") = 0)
-      .def_static("uniform",
-                  [](double lower, double upper, uint64_t seed) { return InitRule{InitKind::Uniform, lower, upper, seed}; },
-                  py::arg("lower"), py::arg("upper"), py::arg("seed") = 0)
-      .def_static("xavier", [](uint64_t seed) { return InitRule{InitKind::Xavier, 0, 0, seed}; }, py::arg("seed") = 0)
+      .def_static(
+          "constant", [](double value) { return InitRule{InitKind::Constant, value, 0, 0}; }, py::arg("value"))
+      .def_static(
+          "normal", [](double mean, double std, uint64_t seed) { return InitRule{InitKind::Normal, mean, std, seed}; },
+          py::arg("mean"), py::arg("std"), py::arg("seed") = 0)
+      .def_static(
+          "uniform",
+          [](double lower, double upper, uint64_t seed) { return InitRule{InitKind::Uniform, lower, upper, seed}; },
+          py::arg("lower"), py::arg("upper"), py::arg("seed") = 0)
+      .def_static(
+          "xavier", [](uint64_t seed) { return InitRule{InitKind::Xavier, 0, 0, seed}; }, py::arg("seed") = 0)
       .def_readwrite("kind", &InitRule::kind)
       .def_readwrite("a", &InitRule::a)
       .def_readwrite("b", &InitRule::b)
@@ -281,8 +258,7 @@ void bind_init_rules(py::module_& s) {
   s.def("init_row", &init_row, py::arg("rule"), py::arg("table_id"), py::arg("row_id"), py::arg("dim"),
         py::arg("num_rows"), "The init value of one row, as the table computes it.");
   s.def(
-      "philox4x32_10",
-      [](const PhiloxCounter& counter, const PhiloxKey& key) { return philox4x32_10(counter, key); },
+      "philox4x32_10", [](const PhiloxCounter& counter, const PhiloxKey& key) { return philox4x32_10(counter, key); },
       py::arg("counter"), py::arg("key"));
 }
 
@@ -304,8 +280,9 @@ void bind_optimizers(py::module_& s) {
            }),
            py::arg("kind") = OptimizerKind::None, py::arg("lr") = defaults.lr,
            py::arg("weight_decay") = defaults.weight_decay, py::arg("eps") = defaults.eps,
-           py::arg("lr_decay") = defaults.lr_decay, py::arg("initial_accumulator_value") = defaults.initial_accumulator_value,
-           py::arg("beta1") = defaults.beta1, py::arg("beta2") = defaults.beta2)
+           py::arg("lr_decay") = defaults.lr_decay,
+           py::arg("initial_accumulator_value") = defaults.initial_accumulator_value, py::arg("beta1") = defaults.beta1,
+           py::arg("beta2") = defaults.beta2)
       .def_static(
           "sgd",
           [](double lr, double weight_decay) {
@@ -369,7 +346,7 @@ void bind_optimizers(py::module_& s) {
       .def("__eq__", [](const OptimizerConfig& lhs, const OptimizerConfig& rhs) { return lhs == rhs; })
       .def("__repr__", [](const OptimizerConfig& config) { return describe(config); });
 
-  s.def("optimizer_state_floats", &optimizer_state_floats, py::arg("kind"), py::arg("dim"));
+  s.def("optimizer_state_elements", &optimizer_state_elements, py::arg("kind"), py::arg("elements"));
   s.def("pooled_chunk_slack_bytes", &pooled_chunk_slack_bytes,
         "Bytes the process-wide chunk pool holds beyond the chunks tables use (chunk_pool.h).");
   s.def("cached_chunk_region_bytes", &cached_chunk_region_bytes,
@@ -381,13 +358,13 @@ void bind_optimizers(py::module_& s) {
 
 void bind_tables(py::module_& s) {
   py::class_<TableConfig>(s, "TableConfig")
-      .def(py::init([](uint64_t num_rows, uint32_t dim, uint32_t state_floats, const InitRule& init) {
-             return TableConfig{num_rows, dim, state_floats, init};
+      .def(py::init([](uint64_t num_rows, uint32_t dim, uint32_t state_words, const InitRule& init) {
+             return TableConfig{num_rows, dim, state_words, init};
            }),
-           py::arg("num_rows"), py::arg("dim"), py::arg("state_floats") = 0, py::arg("init") = InitRule{})
+           py::arg("num_rows"), py::arg("row_words"), py::arg("state_words") = 0, py::arg("init") = InitRule{})
       .def_readwrite("num_rows", &TableConfig::num_rows)
-      .def_readwrite("dim", &TableConfig::dim)
-      .def_readwrite("state_floats", &TableConfig::state_floats)
+      .def_readwrite("row_words", &TableConfig::row_words)
+      .def_readwrite("state_words", &TableConfig::state_words)
       .def_readwrite("init", &TableConfig::init)
       .def("__eq__", [](const TableConfig& lhs, const TableConfig& rhs) { return lhs == rhs; })
       .def("__repr__", [](const TableConfig& config) { return describe(config); });
@@ -399,7 +376,7 @@ void bind_tables(py::module_& s) {
 
   py::class_<TableStats>(s, "TableStats")
       .def_readonly("num_rows", &TableStats::num_rows)
-      .def_readonly("dim", &TableStats::dim)
+      .def_readonly("row_words", &TableStats::row_words)
       .def_readonly("rows", &TableStats::rows)
       .def_readonly("bytes", &TableStats::bytes)
       .def_readonly("reads", &TableStats::reads)
@@ -409,15 +386,15 @@ void bind_tables(py::module_& s) {
       .def_readonly("admitted", &TableStats::admitted)
       .def_readonly("pending", &TableStats::pending)
       .def("__repr__", [](const TableStats& stats) {
-        return "TableStats(num_rows=" + std::to_string(stats.num_rows) + ", dim=" + std::to_string(stats.dim) +
-               ", rows=" + std::to_string(stats.rows) + ", bytes=" + std::to_string(stats.bytes) +
-               ", reads=" + std::to_string(stats.reads) + ", writes=" + std::to_string(stats.writes) +
-               ", updates=" + std::to_string(stats.updates) + ")";
+        return "TableStats(num_rows=" + std::to_string(stats.num_rows) +
+               ", row_words=" + std::to_string(stats.row_words) + ", rows=" + std::to_string(stats.rows) +
+               ", bytes=" + std::to_string(stats.bytes) + ", reads=" + std::to_string(stats.reads) +
+               ", writes=" + std::to_string(stats.writes) + ", updates=" + std::to_string(stats.updates) + ")";
       });
 
-  py::class_<Table::PolicyState>(s, "TablePolicyState",
-                                 "A table's policy with its rows' touch metadata, clocks and sketch (opaque).")
-      .def_property_readonly("rows", [](const Table::PolicyState& state) { return state.touches.size(); });
+  py::class_<TablePolicyState>(s, "TablePolicyState",
+                               "A table's policy with its rows' touch metadata, clocks and sketch (opaque).")
+      .def_property_readonly("rows", [](const TablePolicyState& state) { return state.touches.size(); });
 
   py::class_<Table, std::shared_ptr<Table>>(s, "Table")
       .def_property_readonly("id", &Table::id)
@@ -464,7 +441,7 @@ void bind_tables(py::module_& s) {
            py::call_guard<py::gil_scoped_release>(),
            "Sets the policy with the metadata of policy_state() for the rows the table holds now.")
       .def("gather_state", &gather_state, py::arg("ids"),
-           "The optimizer state of the rows, (len(ids), state_floats); does not materialize.");
+           "The optimizer state of the rows, (len(ids), state_words); does not materialize.");
 
   py::class_<Store, std::shared_ptr<Store>>(s, "Store")
       .def(py::init<>())
@@ -496,9 +473,8 @@ void bind_checkpoints(py::module_& s) {
           },
           "The saved budget policy (as Table.policy), or None (no policy, or a file older than format 4).")
       .def_property_readonly(
-          "policy_rows", [](const CheckpointTableInfo& info) -> uint64_t {
-            return info.policy ? info.policy->touches.size() : 0;
-          },
+          "policy_rows",
+          [](const CheckpointTableInfo& info) -> uint64_t { return info.policy ? info.policy->touches.size() : 0; },
           "The rows whose touch metadata the file holds.");
 
   s.def(
@@ -547,13 +523,7 @@ void bind_checkpoints(py::module_& s) {
 
 void bind_store(py::module_& m) {
   py::module_ s = m.def_submodule("_store", "The recdev parameter-server store engine (test binding).");
-  const std::string full_error_name = py::str(s.attr("__name__")).cast<std::string>() + ".StoreFullError";
-  store_full_error = PyErr_NewException(full_error_name.c_str(),
-                                        py::make_tuple(py::handle(PyExc_MemoryError), py::handle(PyExc_RuntimeError)).ptr(),
-                                        nullptr);
-  if (store_full_error == nullptr) throw py::error_already_set();
-  s.attr("StoreFullError") = py::handle(store_full_error);
-  py::register_exception_translator(&translate_store_error);
+  bind_store_errors(s, ErrorScope::Local);
   bind_init_rules(s);
   bind_optimizers(s);
   bind_tables(s);
