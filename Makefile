@@ -37,7 +37,7 @@ soak: $(BUILT) $(TESTING)
 CPP_SOURCES = $(shell find csrc -name '*.cpp' -o -name '*.h')
 lint: $(DEPS)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/clang-format --dry-run --Werror $(CPP_SOURCES)
+	@$(VENV)/bin/clang-format --dry-run --Werror $(CPP_SOURCES) && echo "clang-format: the $(words $(CPP_SOURCES)) files of csrc/ are as .clang-format says"
 
 format: $(DEPS)
 	$(VENV)/bin/clang-format -i $(CPP_SOURCES)
