@@ -16,6 +16,7 @@
 // checkpoint.h's format (remote_checkpoint.h).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -113,6 +114,19 @@ class RemoteTable final : public store::TableHandle {
   struct Routed {
     std::vector<std::vector<uint64_t>> ids;
     std::vector<std::vector<size_t>> positions;
+    // fn(shard, begin, end) for each piece [begin, end) of at most per_request of a shard's ids,
+    // shard by shard: one request each.
+    template <class Fn>
+    void for_each_piece(size_t per_request, Fn fn) const {
+      for (size_t shard = 0; shard < ids.size(); ++shard) {
+        for (size_t begin = 0; begin < ids[shard].size(); begin += per_request) {
+          fn(shard, begin, std::min(ids[shard].size(), begin + per_request));
+        }
+      }
+    }
+    std::vector<uint64_t> piece(size_t shard, size_t begin, size_t end) const {
+      return std::vector<uint64_t>(ids[shard].begin() + begin, ids[shard].begin() + end);
+    }
   };
 
   std::string label() const;

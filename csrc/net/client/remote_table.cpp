@@ -126,18 +126,11 @@ void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size
   std::vector<Piece> pieces;
   std::vector<Call> calls;
   RemoteSession::Lease lease(*session_);
-  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
-    const std::vector<uint64_t>& shard_ids = routed.ids[shard];
-    for (size_t begin = 0; begin < shard_ids.size(); begin += per_request) {
-      const size_t end = std::min(shard_ids.size(), begin + per_request);
-      IdsRequest request;
-      request.table_id = table_id(lease, shard);
-      request.dtype = dtype_;
-      request.ids.assign(shard_ids.begin() + begin, shard_ids.begin() + end);
-      calls.push_back(make_call(shard, opcode, request));
-      pieces.push_back({shard, begin, end});
-    }
-  }
+  routed.for_each_piece(per_request, [&](size_t shard, size_t begin, size_t end) {
+    calls.push_back(
+        make_call(shard, opcode, IdsRequest{table_id(lease, shard), dtype_, routed.piece(shard, begin, end)}));
+    pieces.push_back({shard, begin, end});
+  });
   session_->exchange(lease, calls, [&](size_t k) {
     const Piece& piece = pieces[k];
     take(calls[k], routed.positions[piece.shard].data() + piece.begin, piece.end - piece.begin);
@@ -276,22 +269,18 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   const size_t per_request = ids_per_request(sizeof(uint64_t) + size_t{row_words_} * sizeof(float));
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
-    const std::vector<uint64_t>& shard_ids = routed.ids[shard];
-    for (size_t begin = 0; begin < shard_ids.size(); begin += per_request) {
-      const size_t end = std::min(shard_ids.size(), begin + per_request);
-      RowsRequest request;
-      request.table_id = table_id(lease, shard);
-      request.dtype = dtype_;
-      request.ids.assign(shard_ids.begin() + begin, shard_ids.begin() + end);
-      request.rows.resize((end - begin) * row_words_);
-      for (size_t k = begin; k < end; ++k) {
-        std::memcpy(request.rows.data() + (k - begin) * row_words_, rows + routed.positions[shard][k] * row_words_,
-                    size_t{row_words_} * sizeof(float));
-      }
-      calls.push_back(make_call(shard, Opcode::Write, request));
+  routed.for_each_piece(per_request, [&](size_t shard, size_t begin, size_t end) {
+    RowsRequest request;
+    request.table_id = table_id(lease, shard);
+    request.dtype = dtype_;
+    request.ids = routed.piece(shard, begin, end);
+    request.rows.resize((end - begin) * row_words_);
+    for (size_t k = begin; k < end; ++k) {
+      std::memcpy(request.rows.data() + (k - begin) * row_words_, rows + routed.positions[shard][k] * row_words_,
+                  size_t{row_words_} * sizeof(float));
     }
-  }
+    calls.push_back(make_call(shard, Opcode::Write, request));
+  });
   session_->exchange(lease, calls);
 }
 

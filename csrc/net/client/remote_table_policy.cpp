@@ -91,15 +91,10 @@ void RemoteTable::check_every_shard(const uint64_t* ids, size_t n, store::Touch 
   const size_t per_request = ids_per_request(sizeof(uint64_t));
   RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  for (uint32_t shard = 0; shard < shards; ++shard) {
-    const std::vector<uint64_t>& part = routed.ids[shard];
-    for (size_t begin = 0; begin < part.size(); begin += per_request) {
-      const size_t end = std::min(part.size(), begin + per_request);
-      calls.push_back(make_call(shard, Opcode::CheckPolicy,
-                                CheckPolicyRequest{table_id(lease, shard), touch,
-                                                   std::vector<uint64_t>(part.begin() + begin, part.begin() + end)}));
-    }
-  }
+  routed.for_each_piece(per_request, [&](size_t shard, size_t begin, size_t end) {
+    calls.push_back(make_call(shard, Opcode::CheckPolicy,
+                              CheckPolicyRequest{table_id(lease, shard), touch, routed.piece(shard, begin, end)}));
+  });
   session_->exchange(lease, calls);
 }
 
