@@ -13,7 +13,7 @@ SOURCES := setup.py build_native.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*/
 # The wheel of torch 2.13.0 (CPU) may lie in a local wheel folder; pip finds it there first.
 PIP    := $(PY) -m pip install --disable-pip-version-check
 
-.PHONY: demo fleet-demo test soak bench build clean fbgemm-venv redis-peer lint format
+.PHONY: demo fleet-demo test soak bench build clean fbgemm-venv redis-peer fio-peer lint format
 
 demo: $(BUILT)
 	$(PY) examples/train_ctr.py --plot ctr_learning_curves.png
@@ -23,7 +23,7 @@ fleet-demo: $(BUILT)
 	$(PY) examples/fleet_demo.py -- --plot ctr_fleet_learning_curves.png
 
 # On both cores, each test file on one of them (module fixtures such as the fleet's start once).
-test: $(BUILT) $(TESTING) redis-peer
+test: $(BUILT) $(TESTING) redis-peer fio-peer
 	$(PY) -m pytest -n 2 --dist loadfile test
 
 # The model-based test of the store (test/model) on random sequences for SOAK_MINUTES minutes;
@@ -43,7 +43,7 @@ format: $(DEPS)
 	$(VENV)/bin/clang-format -i $(CPP_SOURCES)
 
 # The fbgemm peer is optional: where its venv cannot be installed, the results say so.
-bench: $(BUILT) $(TESTING) redis-peer
+bench: $(BUILT) $(TESTING) redis-peer fio-peer
 	-$(MAKE) fbgemm-venv
 	$(PY) benchmarks/run.py
 
@@ -78,6 +78,12 @@ redis-peer:
 	@command -v redis-server >/dev/null || apt-get install -y redis-server || \
 	  (apt-get update && apt-get install -y redis-server) || \
 	  echo "note: redis-server is not installed and apt-get cannot install it; the Redis peer is skipped"
+
+# fio measures the disk's own limit for the disk tier's benchmark (suite disk); without it that row
+# says fio is missing.
+fio-peer:
+	@command -v fio >/dev/null || apt-get install -y fio || (apt-get update && apt-get install -y fio) || \
+	  echo "note: fio is not installed and apt-get cannot install it; the disk benchmark runs without the disk's limit"
 
 clean:
 	rm -rf build *.egg-info torch_recdev/*.so $(BUILT) $(TESTING)

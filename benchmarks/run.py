@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 import bench_budget  # noqa: E402
 import bench_checkpoint_stall  # noqa: E402
+import bench_disk  # noqa: E402
 import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
@@ -40,6 +41,7 @@ SUITES = [
     ("Budgets, eviction and admission (suite budget, issue 20)", bench_budget.run),
     ("Fleets: torchrun trainers on recdev-server shards (issue: fleet training)", bench_fleet.run),
     ("A shard's requests while it checkpoints another table (issue 33)", bench_checkpoint_stall.run),
+    ("The disk tier: tables larger than memory (suite disk, issue 35)", bench_disk.run),
 ]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -227,7 +228,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-rows", type=int, help="budget of rows per table, evicting least recently used rows "
                         "(docs/budgets.md); default: unbounded")
     parser.add_argument("--admit-after", type=int, default=1, help="store a row only from its k-th lookup on")
+    parser.add_argument("--spill", action="store_true",
+                        help="with --max-rows: evicted rows go to disk and come back on their next lookup "
+                        "(docs/disk_tier.md); the disk directory is $RECDEV_DISK_DIR, else a temporary one")
     args = parser.parse_args(argv)
+    if args.spill and args.max_rows is None:
+        parser.error("--spill keeps the rows --max-rows evicts on disk: give --max-rows too")
     rank, world = start_fleet()
     lead = rank == 0  # prints, evaluates, saves
 
@@ -262,10 +268,12 @@ def main(argv=None) -> dict:
         ops.load(os.path.join(args.checkpoint, "tables.recdev"))
     barrier(world)
     tables = make_tables(args.lr, args.dtype)
+    if args.spill and info["kind"] == "embedded" and not os.environ.get("RECDEV_DISK_DIR"):
+        torch_recdev.set_disk_dir(tempfile.mkdtemp(prefix="recdev-demo-disk-"))
     if args.max_rows is not None or args.admit_after != 1:
         for table in tables:
             torch_recdev.set_table_policy(table, max_rows=args.max_rows, evict="lru" if args.max_rows else None,
-                                          admit_after=args.admit_after)
+                                          admit_after=args.admit_after, spill=args.spill)
     model = CTRModel(tables)
     dense_opt = torch.optim.Adam(model.mlp.parameters(), lr=3e-3)
     # The tables' optimizer is fused into backward; with --sync its step() is where the ranks' rows meet.
@@ -340,12 +348,14 @@ def main(argv=None) -> dict:
         dist.destroy_process_group()
         return {}
     print("\nsummary")
-    total_rows = total_bytes = evicted = 0
+    total_rows = total_bytes = evicted = on_disk = disk_bytes = 0
     for f, table in zip(FEATURES, tables):
         stats = torch_recdev.table_stats(table)
         total_rows += stats["rows"]
         total_bytes += stats["bytes"]
         evicted += stats["evicted"]
+        on_disk += stats["rows_on_disk"]
+        disk_bytes += stats["disk_bytes"]
         print(f"  {f.name:<11} {f.num_rows:>14,} rows in the table, {stats['rows']:>8,} materialized, "
               f"{stats['bytes'] / 2**20:8.1f} MiB held")
     dense_bytes = sum(f.num_rows for f in FEATURES) * EMBEDDING_DIM * 4
@@ -353,6 +363,9 @@ def main(argv=None) -> dict:
           f"would need {dense_bytes / 2**30:,.0f} GiB")
     if args.max_rows is not None or args.admit_after != 1:
         print(f"  budget: max_rows {args.max_rows} per table, admit_after {args.admit_after}: {evicted:,} rows evicted")
+    if args.spill:
+        print(f"  disk tier: {total_rows - on_disk:,} rows in memory, {on_disk:,} on disk "
+              f"({disk_bytes / 2**20:.1f} MiB of files)")
     if seen:
         print(f"  throughput {seen * world / elapsed:,.0f} samples/s in all ({world} trainer{'s' * (world > 1)}) over "
               f"{step} steps ({elapsed:.1f} s, held-out evaluations excluded)")
@@ -368,7 +381,7 @@ def main(argv=None) -> dict:
     if world > 1:
         dist.destroy_process_group()
     return {"auc": final["auc"], "optimum": optimum, "baseline": baseline, "history": history,
-            "evicted": evicted, "rows": total_rows, "bytes": total_bytes}
+            "evicted": evicted, "rows": total_rows, "bytes": total_bytes, "rows_on_disk": on_disk}
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def fresh_compile_caches(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def remote_shards(tmp_path_factory):
-    """Two recdev-server shards on loopback for the whole session: their server list."""
-    servers = local_shards.start_shards(2, log_dir=str(tmp_path_factory.mktemp("server-logs")))
+    """Two recdev-server shards on loopback for the whole session, with a disk tier (spill=True): their
+    server list."""
+    servers = local_shards.start_shards(2, "--disk-dir", str(tmp_path_factory.mktemp("server-disk")),
+                                        log_dir=str(tmp_path_factory.mktemp("server-logs")))
     yield local_shards.server_list(servers)
     for server in servers:
         server.stop()

@@ -59,7 +59,7 @@ _run_backward_on_the_calling_thread()
 
 from . import compile_support, ops, optim, serialization, stores, traced_lookups  # noqa: E402,F401  (hooks into torch.compile, torch.save)
 from .stores import StoreFullError, connect, fleet_store, server_stats, store_info  # noqa: E402
-from .budgets import set_table_policy, table_policy  # noqa: E402
+from .budgets import set_disk_dir, set_table_policy, table_policy  # noqa: E402
 from .fleet import share_tables  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
@@ -97,6 +97,7 @@ __all__ = [
     "set_table_min_bytes",
     "table_min_bytes",
     "table_stats",
+    "set_disk_dir",
     "set_table_policy",
     "table_policy",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import numbers
+import os
 from typing import Optional, Union
 
 import torch
@@ -34,6 +35,8 @@ def policy_keywords(
     ttl: Union[int, datetime.timedelta, None] = None,
     admit_after: int = 1,
     half_life: Optional[float] = None,
+    spill: bool = False,
+    max_disk_bytes: Optional[int] = None,
 ) -> dict:
     """The policy keywords checked and in the store's terms (what ``_C._set_table_policy`` takes)."""
     keywords = {"max_rows": _positive_int("max_rows", max_rows), "max_bytes": _positive_int("max_bytes", max_bytes)}
@@ -66,7 +69,27 @@ def policy_keywords(
     if isinstance(admit_after, bool) or not isinstance(admit_after, numbers.Integral) or not 1 <= admit_after <= 65535:
         raise ValueError(f"admit_after must be an int in [1, 65535]; got {admit_after!r}")
     keywords["admit_after"] = int(admit_after)
+    if not isinstance(spill, bool):
+        raise ValueError(f"spill must be True or False; got {spill!r}")
+    if spill and evict is None:
+        raise ValueError("spill=True keeps the rows a budget evicts on disk: give it evict='lru', 'lfu' or 'ttl' "
+                         "(and max_rows= or max_bytes=)")
+    if max_disk_bytes is not None and not spill:
+        raise ValueError("max_disk_bytes bounds the disk tier: it needs spill=True")
+    if spill:
+        keywords["spill"] = True
+        keywords["max_disk_bytes"] = _positive_int("max_disk_bytes", max_disk_bytes)
     return keywords
+
+
+def set_disk_dir(path: Union[str, os.PathLike]) -> None:
+    """Where tables with ``spill=True`` keep the rows their budget evicts, on the embedded store (a
+    server shard's is its ``--disk-dir``). Without a call, ``RECDEV_DISK_DIR`` is used. The directory
+    is created if missing and must be writable; each spilling table keeps its files in a directory of
+    its own in it, removed with the table, and what processes that died left there is removed now."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"set_disk_dir expects a directory path; got {path!r}")
+    _C._set_disk_dir(os.fspath(path))
 
 
 def set_table_policy(
@@ -78,17 +101,22 @@ def set_table_policy(
     ttl: Union[int, datetime.timedelta, None] = None,
     admit_after: int = 1,
     half_life: Optional[float] = None,
+    spill: bool = False,
+    max_disk_bytes: Optional[int] = None,
 ) -> None:
     """Sets the budget, eviction and admission of a recdev table (all defaults: removes the policy).
 
     max_rows / max_bytes: the budget (max_bytes counts each row's record plus 128 bytes of index and
     touch metadata); evict: "lru", "lfu" (half_life in steps, default 1000) or "ttl" (ttl= steps, or
     a datetime.timedelta); admit_after=k: a row is stored only from its k-th lookup on. Rows over a
-    new budget are evicted at once."""
+    new budget are evicted at once. spill=True: evicted rows go to the disk tier (set_disk_dir) with
+    their optimizer state and come back exactly on their next touch; max_disk_bytes bounds it
+    (docs/disk_tier.md)."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"set_table_policy expects a recdev table tensor; got {type(weight).__name__}")
     keywords = policy_keywords(
-        max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after, half_life=half_life
+        max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after, half_life=half_life,
+        spill=spill, max_disk_bytes=max_disk_bytes,
     )
     _refuse_policy_on_replicas(weight, keywords)
     _C._set_table_policy(weight, keywords)
@@ -110,7 +138,7 @@ def _refuse_policy_on_replicas(weight: torch.Tensor, keywords: dict) -> None:
 
 def table_policy(weight: torch.Tensor) -> dict:
     """The table's policy: max_rows, max_bytes, evict, ttl (steps, a timedelta, or None), admit_after,
-    half_life (lfu only)."""
+    half_life (lfu only), spill and max_disk_bytes (spilling tables only)."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"table_policy expects a recdev table tensor; got {type(weight).__name__}")
     return _public(_C._table_policy(weight))
@@ -129,4 +157,7 @@ def _public(raw: dict) -> dict:
     }
     if raw["evict"] == "lfu":
         policy["half_life"] = raw["half_life"]
+    if raw["spill"]:
+        policy["spill"] = True
+        policy["max_disk_bytes"] = raw["max_disk_bytes"]
     return policy

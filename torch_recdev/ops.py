@@ -129,6 +129,8 @@ def init_embedding_table(
     ttl=None,
     admit_after: int = 1,
     half_life: Optional[float] = None,
+    spill: bool = False,
+    max_disk_bytes: Optional[int] = None,
 ) -> torch.Tensor:
     """Declares the named table ``name``: a ``[num_embeddings, embedding_dim]`` recdev tensor of
     ``dtype`` (float32, float16, bfloat16 or float64; half types need an even ``embedding_dim``).
@@ -141,16 +143,17 @@ def init_embedding_table(
     kind). ``init`` sets the rule every untouched row follows (O(1)); ``optimizer`` is
     ``(kind, hyperparameters)`` with kind one of sgd, adagrad, rowwise_adagrad, adam, e.g.
     ``("adagrad", {"lr": 0.05})``; an existing table's optimizer takes the declared hyperparameters and
-    keeps its state. ``max_rows``, ``max_bytes``, ``evict``, ``ttl``, ``admit_after`` and ``half_life``
-    set its budget, eviction and admission, as :func:`torch_recdev.set_table_policy` does (when any is
-    given)."""
+    keeps its state. ``max_rows``, ``max_bytes``, ``evict``, ``ttl``, ``admit_after``, ``half_life``,
+    ``spill`` and ``max_disk_bytes`` set its budget, eviction, admission and disk tier, as
+    :func:`torch_recdev.set_table_policy` does (when any is given)."""
     if not isinstance(name, str) or not name:
         raise ValueError("init_embedding_table: name must be a non-empty string")
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"init_embedding_table: dtype must be a torch.dtype; got {dtype!r}")
     policy = dict(max_rows=max_rows, max_bytes=max_bytes, evict=evict, ttl=ttl, admit_after=admit_after,
-                  half_life=half_life)
-    policy_given = any(v is not None for k, v in policy.items() if k != "admit_after") or admit_after != 1
+                  half_life=half_life, spill=spill, max_disk_bytes=max_disk_bytes)
+    policy_given = (any(v is not None for k, v in policy.items() if k not in ("admit_after", "spill"))
+                    or admit_after != 1 or spill is not False)
     policy_keywords = budgets.policy_keywords(**policy) if policy_given else None  # checked before any change
     rule = None
     if init is not None:

@@ -66,7 +66,8 @@ def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dic
     """One running ``recdev-server``'s STATS (what ``recdev-server --stats`` prints) as a dict:
     ``rows``, ``bytes``, ``max_memory``, ``requests``, ``errors``, ``connections``, ``sessions``,
     ``uptime_seconds``, ``tables``, and ``table_counters`` (each table's rows, evicted, admitted,
-    pending and budget). ``address`` is ``HOST:PORT``; ``token`` the server's ``--token-file`` token."""
+    pending, budget, and disk tier: spill, rows_on_disk, disk_bytes, disk_reads, disk_writes). ``address`` is
+    ``HOST:PORT``; ``token`` the server's ``--token-file`` token."""
     return dict(_C._server_stats(address, token, timeout))
 
 

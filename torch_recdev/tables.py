@@ -61,7 +61,10 @@ def is_table(tensor: torch.Tensor) -> bool:
 
 def table_stats(tensor: torch.Tensor) -> dict:
     """num_embeddings, embedding_dim, rows (materialized), bytes (held), row_bytes, reads, writes,
-    updates; and for budgets (docs/budgets.md) evicted, admitted, pending and policy."""
+    updates; for budgets (docs/budgets.md) evicted, admitted, pending and policy; for the disk tier
+    (docs/disk_tier.md) rows_in_memory, rows_on_disk, disk_bytes (its files), disk_live_bytes (the
+    records of the rows on disk), disk_reads and disk_writes (rows read back, rows spilled) and
+    disk_read_ops (the blocks read for them)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"table_stats expects a tensor; got {type(tensor).__name__}")
     return _C._table_stats(tensor)

@@ -15,6 +15,7 @@
 
 #include "store/chunk_pool.h"
 #include "store/cpu_features.h"
+#include "store/disk_dir.h"
 #include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
@@ -73,6 +74,13 @@ py::dict table_stats(const at::Tensor& t) {
   d["evicted"] = stats.evicted;
   d["admitted"] = stats.admitted;
   d["pending"] = stats.pending;
+  d["rows_in_memory"] = stats.rows_in_memory;
+  d["rows_on_disk"] = stats.rows_on_disk;
+  d["disk_bytes"] = stats.disk_bytes;
+  d["disk_live_bytes"] = stats.disk_live_bytes;
+  d["disk_reads"] = stats.disk_reads;
+  d["disk_read_ops"] = stats.disk_read_ops;
+  d["disk_writes"] = stats.disk_writes;
   d["policy"] = policy_to_dict(block->table().policy());
   return d;
 }
@@ -101,6 +109,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &python::table_stats);
+  m.def("_set_disk_dir", &recdev::store::set_disk_dir, py::arg("path"));
+  m.def("_disk_dir", &recdev::store::disk_dir);
   m.def("_store_kernel_capability", &recdev::store::store_kernel_capability);
   python::bind_optimizer_config(m);
   python::bind_table_api(m);

@@ -48,6 +48,11 @@ void bind_server_stats(py::module_& m) {
           entry["pending"] = table.pending;
           entry["max_rows"] = table.policy.max_rows;
           entry["max_bytes"] = table.policy.max_bytes;
+          entry["spill"] = table.policy.spill;
+          entry["rows_on_disk"] = table.rows_on_disk;
+          entry["disk_bytes"] = table.disk_bytes;
+          entry["disk_reads"] = table.disk_reads;
+          entry["disk_writes"] = table.disk_writes;
           tables.append(entry);
         }
         d["table_counters"] = tables;

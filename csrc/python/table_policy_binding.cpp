@@ -40,6 +40,8 @@ TablePolicyConfig policy_from_dict(const py::dict& keywords) {
     else if (key == "ttl_seconds") config.ttl_seconds = value.is_none() ? 0.0 : value.cast<double>();
     else if (key == "admit_after") config.admit_after = non_negative<uint32_t>(value, key);
     else if (key == "sketch_width") config.sketch_width = non_negative<uint32_t>(value, key);
+    else if (key == "spill") config.spill = value.cast<bool>();
+    else if (key == "max_disk_bytes") config.max_disk_bytes = non_negative<uint64_t>(value, key);
     else throw py::value_error("unknown table policy key '" + key + "'");
   }
   return config;
@@ -55,6 +57,8 @@ py::dict policy_to_dict(const TablePolicyConfig& config) {
   out["ttl_seconds"] = config.ttl_seconds != 0 ? py::object(py::float_(config.ttl_seconds)) : py::none();
   out["admit_after"] = config.admit_after;
   out["sketch_width"] = config.sketch_width;
+  out["spill"] = config.spill;
+  out["max_disk_bytes"] = config.max_disk_bytes != 0 ? py::object(py::int_(config.max_disk_bytes)) : py::none();
   return out;
 }
 

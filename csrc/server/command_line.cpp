@@ -61,6 +61,7 @@ const std::map<std::string, Setter>& flags() {
        [](CommandLine& c, const std::string& v) { c.server.service.num_shards = parse_count("--num-shards", v, 1); }},
       {"--token-file", [](CommandLine& c, const std::string& v) { c.token_file = v; }},
       {"--checkpoint-dir", [](CommandLine& c, const std::string& v) { c.server.checkpoint_dir = v; }},
+      {"--disk-dir", [](CommandLine& c, const std::string& v) { c.server.disk_dir = v; }},
       {"--checkpoint-every",
        [](CommandLine& c, const std::string& v) {
          c.server.checkpoint_every = parse_seconds("--checkpoint-every", v);
@@ -137,7 +138,7 @@ std::string usage() {
   return "usage: recdev-server [--listen HOST:PORT] [--shard I] [--num-shards N] [--token-file F]\n"
          "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
          "                     [--lease-seconds SECONDS] [--max-connections N] [--idle-timeout SECONDS]\n"
-         "                     [--max-staged-bytes BYTES]\n"
+         "                     [--max-staged-bytes BYTES] [--disk-dir D]\n"
          "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
 }
 
@@ -153,6 +154,7 @@ Serve one shard of a remote recdev store (docs/server.md), or print a server's s
   --token-file F            require the token on this file's first line from every client
   --checkpoint-dir D        load this shard's checkpoint from D at start; write one there at shutdown
   --checkpoint-every S      also write a checkpoint every S seconds (needs --checkpoint-dir)
+  --disk-dir D              keep the rows that tables with spill=True evict in D (docs/disk_tier.md)
   --max-memory BYTES        answer 'store full' errors instead of growing past BYTES (e.g. 8G);
                             default no limit
   --lease-seconds S         free a session's anonymous tables after S seconds without a connection
@@ -190,6 +192,10 @@ std::string format_stats(const std::string& address, const net::ServerStats& sta
     if (table.policy.active()) {
       out << ", evicted " << table.evicted << ", admitted " << table.admitted << ", pending " << table.pending
           << ", policy " << store::describe(table.policy);
+    }
+    if (table.policy.spill) {
+      out << ", on disk " << table.rows_on_disk << " rows in " << table.disk_bytes << " bytes, disk reads "
+          << table.disk_reads << ", disk writes " << table.disk_writes;
     }
     out << "\n";
   }

@@ -45,6 +45,11 @@ constexpr uint64_t kCrcBytes = 4;
 // Rows are read in batches of about this many bytes.
 constexpr size_t kReadBatchBytes = size_t{1} << 20;
 
+// The policy block's flags (what was a reserved 0 before the disk tier): bit 0 spill, bit 1 a u64
+// max_disk_bytes follows the flags.
+constexpr uint32_t kPolicySpills = 1;
+constexpr uint32_t kPolicyHasMaxDiskBytes = 2;
+
 // The policy block's fixed part: config (u64 max_rows, u64 max_bytes, u32 evict, u32 admit_after,
 // f64 half_life, u64 ttl_steps, f64 ttl_seconds, u32 sketch_width, u32 reserved), clocks (5 x u64),
 // u64 sketch_since_aging, u64 sketch_count; then sketch_count x u16, u64 touch_count and touch_count
@@ -444,7 +449,8 @@ std::string encode_policy_state(const TablePolicyState& state) {
   out.put(config.ttl_steps);
   out.put(config.ttl_seconds);
   out.put(config.sketch_width);
-  out.put(uint32_t{0});
+  out.put(uint32_t((config.spill ? kPolicySpills : 0) | (config.max_disk_bytes != 0 ? kPolicyHasMaxDiskBytes : 0)));
+  if (config.max_disk_bytes != 0) out.put(config.max_disk_bytes);
   for (uint64_t clock :
        {state.clocks.tick, state.clocks.step, state.clocks.evicted, state.clocks.admitted, state.clocks.pending}) {
     out.put(clock);
@@ -478,7 +484,12 @@ TablePolicyState decode_policy_state(const void* data, size_t size, uint64_t num
   config.ttl_steps = in.get<uint64_t>();
   config.ttl_seconds = in.get<double>();
   config.sketch_width = in.get<uint32_t>();
-  if (in.get<uint32_t>() != 0) bad_policy("has a non-zero reserved field");
+  const uint32_t flags = in.get<uint32_t>();
+  if ((flags & ~(kPolicySpills | kPolicyHasMaxDiskBytes)) != 0) {
+    bad_policy("has unknown policy flags " + std::to_string(flags) + " (written by a newer recdev?)");
+  }
+  config.spill = (flags & kPolicySpills) != 0;
+  if ((flags & kPolicyHasMaxDiskBytes) != 0) config.max_disk_bytes = in.get<uint64_t>();
   if (!config.active()) bad_policy("holds an inactive policy");
   try {
     validate_policy(config);

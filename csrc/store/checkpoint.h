@@ -22,7 +22,8 @@
 // directory. A table is written as a point-in-time snapshot (Table::scan).
 //
 //   policy   := u64 max_rows | u64 max_bytes | u32 evict (EvictKind) | u32 admit_after | f64 half_life
-//               | u64 ttl_steps | f64 ttl_seconds | u32 sketch_width | u32 reserved = 0
+//               | u64 ttl_steps | f64 ttl_seconds | u32 sketch_width | u32 policy_flags
+//               | (u64 max_disk_bytes, if policy_flags bit 1)   (bit 0: spill; the rest 0)
 //               | u64 tick | u64 step | u64 evicted | u64 admitted | u64 pending (TablePolicy::Clocks)
 //               | u64 sketch_since_aging | u64 sketch_count | sketch_count x u16 (0 or 4 x sketch_width)
 //               | u64 touch_count | touch_count x (u64 id | u64 tick | u64 step | f64 age_seconds

@@ -111,14 +111,23 @@ void Table::check_byte_range(uint64_t byte_offset, uint64_t nbytes) const {
   check_dense_byte_range(num_rows_, row_words_, byte_offset, nbytes, "table " + std::to_string(id_));
 }
 
-float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash) const {
+float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash, const RowsReadBack* back) const {
   const auto [record, created] = shard.rows.find_or_insert(row_id, hash);
   if (created) {
-    fill_weight(row_id, record);
-    fill_state(record + row_words_);
+    fill_record(row_id, record, back);
     note_materialized(row_id, record);
   }
   return record;
+}
+
+void Table::fill_record(uint64_t row_id, float* record, const RowsReadBack* back) const {
+  if (const float* saved = back != nullptr ? back->find(row_id) : nullptr) {
+    std::memcpy(record, saved, size_t{record_words_} * sizeof(float));
+    disk_->forget(row_id);
+    return;
+  }
+  fill_weight(row_id, record);
+  fill_state(record + row_words_);
 }
 
 void Table::fill_weight(uint64_t row_id, float* words) const {
@@ -196,7 +205,9 @@ void Table::reindex_all_rows() const {
 
 void Table::exists(const uint64_t* ids, size_t n, uint8_t* out) const {
   check_ids(ids, n);
-  find_each_read_locked(ids, n, [&](size_t position, const float* record) { out[position] = record != nullptr; });
+  find_each_read_locked(ids, n, [&](size_t position, const float* record) {
+    out[position] = record != nullptr || (disk_ && disk_->contains(ids[position]));
+  });
 }
 
 void Table::erase(const uint64_t* ids, size_t n) {
@@ -205,9 +216,12 @@ void Table::erase(const uint64_t* ids, size_t n) {
   if (policy_) policy_->forget(ids, n);
   std::shared_lock<std::shared_mutex> request(request_mutex_);
   erase_rows(ids, n);
+  if (disk_) {
+    for (size_t i = 0; i < n; ++i) disk_->forget(ids[i]);
+  }
 }
 
-void Table::erase_rows(const uint64_t* ids, size_t n) {
+void Table::erase_rows(const uint64_t* ids, size_t n, bool to_disk) {
   const ShardRoute route(ids, n);
   // Sub-shards on several threads for many rows: a policy evicts as many rows per request as it admits.
   run_tasks(kNumShards, threads_for(n, kMaterializeRowsPerThread), [&](size_t s) {
@@ -215,10 +229,15 @@ void Table::erase_rows(const uint64_t* ids, size_t n) {
     Shard& shard = shards_[s];
     std::unique_lock<std::shared_mutex> lock(shard.mutex);
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      if (to_disk && disk_) spill_row(shard, ids[route.position(entry)], route.hash(entry));
       erase_row(shard, ids[route.position(entry)], route.hash(entry));
     }
   });
   drop_direct_index_unless_worth_keeping();
+}
+
+void Table::spill_row(Shard& shard, uint64_t row_id, uint64_t hash) {
+  if (const float* record = shard.rows.find(hash)) disk_->stage(row_id, record);
 }
 
 void Table::erase_row(Shard& shard, uint64_t row_id, uint64_t hash) {
@@ -262,7 +281,20 @@ TableStats Table::stats_locked() const {
     stats.bytes += shard.rows.bytes();
   }
   stats.bytes += direct_index_bytes() + policy.bytes;
+  stats.rows_in_memory = stats.rows;
   stats.evicted = policy.evicted;
+  if (disk_) {
+    const DiskTierStats disk = disk_->stats();
+    stats.rows += disk.rows;
+    stats.rows_on_disk = disk.rows;
+    stats.bytes += disk.memory_bytes;
+    stats.disk_bytes = disk.file_bytes;
+    stats.disk_live_bytes = disk.live_bytes;
+    stats.disk_reads = disk.reads;
+    stats.disk_read_ops = disk.read_ops;
+    stats.disk_writes = disk.writes;
+    stats.evicted += disk.dropped;  // evictions from either tier
+  }
   stats.admitted = policy.admitted;
   stats.pending = policy.pending;
   last_bytes_.store(stats.bytes, std::memory_order_relaxed);

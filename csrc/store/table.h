@@ -49,8 +49,16 @@
 // publish the policy: a request that saw no policy has finished materializing by then, so no row
 // escapes the policy's budget.
 //
+// Disk tier (spill=True, disk_tier.h): the rows the policy evicts go to disk_ instead of away, and a
+// row the policy stores again comes back from it. A row is in memory or on disk, never both, and
+// moves between the two only under its sub-shard's write lock (victims staged before they are erased,
+// rows back materialized before the disk tier forgets them), so a reader that looks in both under the
+// read lock (peek, read_bytes, exists, gather_state) finds it in exactly one. Disk reads and the
+// write buffer's flush happen in decide(), before the policy applies: a disk that fails refuses the
+// request with nothing changed. Views (scan, snapshot) include the disk's rows.
+//
 // Lock order: policy_mutex_, unpoliced_mutex_, request_mutex_, then sub-shard locks in index order,
-// then init_mutex_.
+// then init_mutex_, then the disk tier's own lock.
 #pragma once
 
 #include <array>
@@ -67,6 +75,7 @@
 
 #include "coalesce.h"
 #include "direct_index.h"
+#include "disk_tier.h"
 #include "element_type.h"
 #include "embedding_bag.h"
 #include "init_rule.h"
@@ -121,6 +130,15 @@ struct TableStats {
   uint64_t evicted = 0;
   uint64_t admitted = 0;
   uint64_t pending = 0;
+  // With spill (rows counts both tiers; bytes counts the disk tier's index and write buffer; evicted
+  // counts evictions from either: rows the policy moved to disk, and rows past max_disk_bytes dropped):
+  uint64_t rows_in_memory = 0;
+  uint64_t rows_on_disk = 0;
+  uint64_t disk_bytes = 0;       // the disk tier's files
+  uint64_t disk_live_bytes = 0;  // the records of the rows on disk
+  uint64_t disk_reads = 0;       // rows read back from disk
+  uint64_t disk_read_ops = 0;    // blocks read for them (rows spilled together share blocks)
+  uint64_t disk_writes = 0;      // rows written to disk
 };
 
 // What Table::scan reports before the rows: everything a checkpoint records besides them.
@@ -376,6 +394,18 @@ class Table {
   PolicyPass open_policy_pass();
   // The policy decides the request (policed passes only): victims erased, admitted rows materialized.
   void decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch);
+  // With a disk tier: the policy's new config without spill brings every row on disk back into
+  // memory (the policy then adopts them and evicts as usual); with spill, the tier is made (or its
+  // max_disk_bytes changed). Under policy_mutex_, before the policy changes.
+  void configure_disk_tier(const TablePolicyConfig& config);
+  void keep_expired_rows_of_request(PolicyDecision& decision);
+  // Drops the disk tier's rows (set_init, install, reset); under every sub-shard's write lock.
+  void drop_disk_rows();
+  // A victim's record to the disk tier, if it has one; under its sub-shard's write lock.
+  void spill_row(Shard& shard, uint64_t row_id, uint64_t hash);
+  // A new record: the row's record back from disk if `back` has it (the disk tier then forgets it),
+  // else its init value and the optimizer's initial state.
+  void fill_record(uint64_t row_id, float* record, const RowsReadBack* back) const;
   PolicyPass enter_policy(const uint64_t* ids, size_t n, Touch touch);  // open_policy_pass, then decide
   // The rows this table holds, for a policy without touch metadata; under policy_mutex_.
   HeldRows held_rows() const;
@@ -385,11 +415,13 @@ class Table {
                                    size_t value_count);
   // Erases rows (no checks, request_mutex_ held shared by the caller); erase_row: one, under its
   // sub-shard's write lock.
-  void erase_rows(const uint64_t* ids, size_t n);
+  // to_disk: victims of the policy, spilled first where the table has a disk tier.
+  void erase_rows(const uint64_t* ids, size_t n, bool to_disk = false);
   void erase_row(Shard& shard, uint64_t row_id, uint64_t hash);
   // A policy's decision applied (request_mutex_ held shared): the victims erased, the admitted rows
   // materialized with their init values.
-  void evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted);
+  void evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted,
+                       const RowsReadBack* back);
   // Erases rows the policy evicted outside a request (set_policy, set_optimizer, install), holding
   // request_mutex_ shared; under policy_mutex_.
   void evict_now(const std::vector<uint64_t>& victims);
@@ -401,6 +433,9 @@ class Table {
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
   void write_rows(const uint64_t* ids, size_t n, const std::byte* rows);
+  // read_rows' misses with a disk tier: each row's weight from disk, or its init value, to out at its
+  // position; under the read locks of the rows' sub-shards.
+  void read_not_in_memory(const std::vector<uint64_t>& ids, const std::vector<size_t>& at, std::byte* out) const;
   // gather_pooled's fast path for one block of bags: pools straight from the rows, all found first,
   // under the read locks of all their sub-shards. Returns false, writing nothing, if some row is not
   // materialized. block_ids are the bags' ids but the skipped ones.
@@ -408,7 +443,7 @@ class Table {
                      float* out, int64_t* max_positions, LockedRecords& found) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Requires the sub-shard's write lock.
-  float* materialize(Shard& shard, uint64_t row_id, uint64_t hash) const;
+  float* materialize(Shard& shard, uint64_t row_id, uint64_t hash, const RowsReadBack* back = nullptr) const;
   // Records that a row was materialized; under its sub-shard's write lock.
   void note_materialized(uint64_t row_id, const float* record) const;
   // Builds the direct index if the table has become dense enough for one (takes every sub-shard's
@@ -484,9 +519,11 @@ class Table {
   mutable std::atomic<bool> has_direct_index_{false};
   mutable std::atomic<uint64_t> materialized_{0};
   mutable std::mutex policy_mutex_;
-  std::shared_mutex unpoliced_mutex_;            // see the header comment
-  std::unique_ptr<TablePolicy> policy_;          // under policy_mutex_; null without a policy
-  std::atomic<bool> has_policy_{false};          // policy_ != null, read without the lock by requests
+  std::shared_mutex unpoliced_mutex_;    // see the header comment
+  std::unique_ptr<TablePolicy> policy_;  // under policy_mutex_; null without a policy
+  std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
+  // With spill: changed under policy_mutex_ and every sub-shard's write lock, read under either.
+  std::unique_ptr<DiskTier> disk_;
   mutable std::atomic<uint64_t> last_bytes_{0};  // stats().bytes when last counted (memory_bytes)
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};

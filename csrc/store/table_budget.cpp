@@ -3,6 +3,7 @@
 #include "table.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 
 #include "errors.h"
@@ -33,12 +34,49 @@ Table::PolicyPass Table::open_policy_pass() {
 }
 
 void Table::decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch) {
-  PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds(), held_rows());
+  RowsReadBack back;
+  std::vector<uint64_t> on_disk;  // the request's rows the policy found on disk
+  HeldRows held = held_rows();
+  if (disk_) {
+    // The previous request's victims written (or the error that stopped them, a full disk, refuses
+    // this one): from here to evict_and_admit nothing changes the disk tier.
+    disk_->wait_flushed();
+    disk_->flush();
+    held.on_disk = [&](uint64_t id) {
+      const bool found = disk_->contains_while_quiet(id);
+      if (found) on_disk.push_back(id);
+      return found;
+    };
+  }
+  // The rows on disk are read back once the request is known to fit, before the policy changes
+  // anything: a read that fails (a corrupt block) refuses the request with nothing changed.
+  PolicyDecision decision = policy_->apply(ids, n, touch, steady_seconds(), held, [&] {
+    if (!on_disk.empty()) back = disk_->read_back(on_disk.data(), on_disk.size());
+  });
+  if (disk_ && policy_->config().evict == EvictKind::Ttl) keep_expired_rows_of_request(decision);
   {
     std::shared_lock<std::shared_mutex> request(request_mutex_);
-    evict_and_admit(decision.victims, decision.admitted);
+    evict_and_admit(decision.victims, decision.admitted, disk_ ? &back : nullptr);
   }
+  // This request's victims go to their files while the request runs.
+  if (disk_ && !decision.victims.empty()) disk_->flush_in_background();
   pass.decision = std::move(decision);
+}
+
+// A row of the request that ttl expired is a victim and admitted at once: with a disk tier it would
+// go to disk and straight back, so it stays where it is, with its values.
+void Table::keep_expired_rows_of_request(PolicyDecision& decision) {
+  std::vector<uint64_t> admitted = decision.admitted;
+  std::sort(admitted.begin(), admitted.end());
+  std::vector<uint64_t> both;
+  for (const uint64_t id : decision.victims) {
+    if (std::binary_search(admitted.begin(), admitted.end(), id)) both.push_back(id);
+  }
+  if (both.empty()) return;
+  std::sort(both.begin(), both.end());
+  const auto in_both = [&](uint64_t id) { return std::binary_search(both.begin(), both.end(), id); };
+  std::erase_if(decision.victims, in_both);
+  std::erase_if(decision.admitted, in_both);
 }
 
 Table::PolicyPass Table::enter_policy(const uint64_t* ids, size_t n, Touch touch) {
@@ -56,7 +94,9 @@ HeldRows Table::held_rows() const {
                       rows += shard.rows.size();
                     }
                     return rows;
-                  }};
+                  },
+                  disk_ ? std::function<bool(uint64_t)>([this](uint64_t id) { return disk_->contains(id); })
+                        : std::function<bool(uint64_t)>()};
 }
 
 // Victim and admitted rows of a sub-shard pair up, each admitted row taking a victim's record in
@@ -64,7 +104,8 @@ HeldRows Table::held_rows() const {
 // comes with an eviction, and a pair then costs two bucket probes and the init value, where erasing
 // moved the sub-shard's last record into the hole (a third miss, and a record copy) and appending grew
 // the arena. Sub-shards go to several threads, the ids and buckets ahead prefetched.
-void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted) {
+void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted,
+                            const RowsReadBack* back) {
   if (victims.empty() && admitted.empty()) return;
   const ShardRoute out(victims.data(), victims.size());
   const ShardRoute in(admitted.data(), admitted.size());
@@ -83,25 +124,26 @@ void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vec
       prefetch_ahead(in, admitted, entry);
       const uint64_t victim_id = victims[out.position(victim)];
       const uint64_t row_id = admitted[in.position(entry)];
+      if (disk_) spill_row(shard, victim_id, out.hash(victim));
       float* record = shard.rows.replace(out.hash(victim), row_id, in.hash(entry));
       if (record == nullptr) {  // not as the policy said: the general path
         erase_row(shard, victim_id, out.hash(victim));
-        materialize(shard, row_id, in.hash(entry));
+        materialize(shard, row_id, in.hash(entry), back);
         continue;
       }
       if (direct_.built()) direct_.set(victim_id, nullptr);
-      fill_weight(row_id, record);
-      fill_state(record + row_words_);
+      fill_record(row_id, record, back);
       if (direct_.built()) direct_.set(row_id, record);
     }
     for (; victim < out.end(s); ++victim) {
       prefetch_ahead(out, victims, victim);
+      if (disk_) spill_row(shard, victims[out.position(victim)], out.hash(victim));
       erase_row(shard, victims[out.position(victim)], out.hash(victim));
     }
     if (entry < in.end(s)) shard.rows.reserve(shard.rows.size() + (in.end(s) - entry));
     for (; entry < in.end(s); ++entry) {
       prefetch_ahead(in, admitted, entry);
-      materialize(shard, admitted[in.position(entry)], in.hash(entry));
+      materialize(shard, admitted[in.position(entry)], in.hash(entry), back);
     }
   });
   drop_direct_index_unless_worth_keeping();
@@ -110,7 +152,7 @@ void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vec
 void Table::evict_now(const std::vector<uint64_t>& victims) {
   if (victims.empty()) return;
   std::shared_lock<std::shared_mutex> request(request_mutex_);
-  erase_rows(victims.data(), victims.size());
+  erase_rows(victims.data(), victims.size(), true);
 }
 
 std::vector<uint64_t> Table::materialized_ids() const {
@@ -124,18 +166,21 @@ std::vector<uint64_t> Table::materialized_ids() const {
 
 void Table::check_update_fits(const uint64_t* ids, size_t n) const {
   std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (disk_) disk_->wait_flushed();
   if (policy_) policy_->check_update_fits(ids, n, held_rows());
 }
 
 void Table::check_policy(const uint64_t* ids, size_t n, Touch touch) {
   check_ids(ids, n);
   std::lock_guard<std::mutex> lock(policy_mutex_);
+  if (disk_) disk_->wait_flushed();
   if (policy_) policy_->check(ids, n, touch, steady_seconds(), held_rows());
 }
 
 void Table::set_policy(const TablePolicyConfig& config) {
   validate_policy(config);
   std::lock_guard<std::mutex> lock(policy_mutex_);
+  configure_disk_tier(config);
   if (!config.active()) {
     policy_.reset();
     has_policy_.store(false, std::memory_order_release);
@@ -191,6 +236,7 @@ std::optional<TablePolicyState> Table::policy_state() const {
 void Table::restore_policy_state(const TablePolicyState& state) {
   validate_policy(state.config);
   std::lock_guard<std::mutex> lock(policy_mutex_);
+  configure_disk_tier(state.config);
   const double now = steady_seconds();
   auto fresh = std::make_unique<TablePolicy>(state.config, uint64_t{record_words_} * sizeof(float));
   std::unique_lock<std::shared_mutex> unpoliced(unpoliced_mutex_);  // as in set_policy
@@ -212,12 +258,59 @@ void Table::restore_policy_state(const TablePolicyState& state) {
   std::vector<uint64_t> unknown;
   std::set_difference(ids.begin(), ids.end(), kept_ids.begin(), kept_ids.end(), std::back_inserter(unknown));
   fresh->restore(kept, state.clocks, state.sketch.empty() ? nullptr : &state.sketch, state.sketch_since_aging, now);
-  fresh->adopt(unknown, now);
+  // With spill, a row without metadata was on disk when the state was taken: it goes back there,
+  // colder than every row in memory, rather than in as the newest.
+  std::vector<uint64_t> back_to_disk;
+  if (disk_) {
+    back_to_disk = std::move(unknown);
+  } else {
+    fresh->adopt(unknown, now);
+  }
   const std::vector<uint64_t> victims = fresh->enforce(now, held_rows());
   policy_ = std::move(fresh);
   has_policy_.store(true, std::memory_order_release);
   unpoliced.unlock();
+  evict_now(back_to_disk);
   evict_now(victims);
+  if (disk_) disk_->flush();
+}
+
+void Table::configure_disk_tier(const TablePolicyConfig& config) {
+  if (config.spill) {
+    if (disk_) {
+      disk_->set_max_disk_bytes(config.max_disk_bytes);
+      return;
+    }
+    auto made = std::make_unique<DiskTier>(id_, record_words_, config.max_disk_bytes);
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    const auto locks = lock_all_shards();
+    disk_ = std::move(made);
+    return;
+  }
+  if (!disk_) return;
+  // Every row on disk back into memory; the policy set next adopts them (they are the coldest: the
+  // ones it evicts first), and evicts what passes its budget.
+  std::vector<uint64_t> ids;
+  std::vector<float> records;
+  disk_->for_each([&](uint64_t id, const float* record) {
+    ids.push_back(id);
+    records.insert(records.end(), record, record + record_words_);
+  });
+  std::shared_lock<std::shared_mutex> request(request_mutex_);
+  const auto locks = lock_all_shards();
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const uint64_t hash = hash_row_id(ids[r]);
+    Shard& shard = shards_[shard_of(hash)];
+    const auto [record, created] = shard.rows.find_or_insert(ids[r], hash);
+    if (created) std::memcpy(record, records.data() + r * record_words_, size_t{record_words_} * sizeof(float));
+  }
+  reindex_all_rows();  // the count, and the direct index (inserting may have moved records)
+  if (policy_) policy_->adopt(ids, steady_seconds());
+  disk_.reset();
+}
+
+void Table::drop_disk_rows() {
+  if (disk_) disk_->clear();
 }
 
 }  // namespace recdev::store

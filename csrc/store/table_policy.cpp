@@ -120,59 +120,6 @@ void TablePolicy::configure(const TablePolicyConfig& requested) {
   }
 }
 
-std::pair<TablePolicy::Meta*, bool> TablePolicy::MetaMap::find_or_insert(uint64_t id) {
-  if (2 * (size_ + 1) > slots_.size()) grow();
-  const size_t mask = slots_.size() - 1;
-  for (size_t i = home(id);; i = (i + 1) & mask) {
-    if (slots_[i].id == id) return {&slots_[i].meta, false};
-    if (slots_[i].id == kFree) {
-      slots_[i].id = id;
-      ++size_;
-      return {&slots_[i].meta, true};
-    }
-  }
-}
-
-TablePolicy::Meta& TablePolicy::MetaMap::insert(uint64_t id, const Meta& meta) {
-  return *find_or_insert(id).first = meta;
-}
-
-bool TablePolicy::MetaMap::erase(uint64_t id) {
-  if (size_ == 0) return false;
-  const size_t mask = slots_.size() - 1;
-  size_t hole = home(id);
-  while (slots_[hole].id != id) {
-    if (slots_[hole].id == kFree) return false;
-    hole = (hole + 1) & mask;
-  }
-  // Backward shift: every later entry of the probe run whose home is not within (hole, it] moves into
-  // the hole, so that lookups never need tombstones.
-  for (size_t i = (hole + 1) & mask; slots_[i].id != kFree; i = (i + 1) & mask) {
-    if (((i - home(slots_[i].id)) & mask) >= ((i - hole) & mask)) {
-      slots_[hole] = slots_[i];
-      hole = i;
-    }
-  }
-  slots_[hole].id = kFree;
-  --size_;
-  return true;
-}
-
-void TablePolicy::MetaMap::clear() {
-  slots_ = std::vector<Slot, Counting<Slot>>(slots_.get_allocator());
-  size_ = 0;
-}
-
-void TablePolicy::MetaMap::grow() {
-  std::vector<Slot, Counting<Slot>> old(std::max<size_t>(16, 2 * slots_.size()), Slot{kFree, {}},
-                                        slots_.get_allocator());
-  old.swap(slots_);
-  size_ = 0;
-  for (const Slot& slot : old) {
-    if (slot.id != kFree) insert(slot.id, slot.meta);
-  }
-}
-
 void TablePolicy::link(uint64_t id, const Meta& meta) {
   if (uses_log()) {
     log_.push_back(Entry{id, meta.tick});
@@ -335,7 +282,7 @@ TablePolicy::Decided TablePolicy::decide(const uint64_t* ids, size_t n, Touch to
     if (keeps_touches() ? found != nullptr && !expired(*found, now) : held_by_table[k] != 0) {
       if (keeps_touches()) d.resident_meta[k] = found;
       s = Status::Resident;
-    } else if (config_.admit_after <= 1 || touch_kind == Touch::Write) {
+    } else if ((held.on_disk && held.on_disk(id)) || config_.admit_after <= 1 || touch_kind == Touch::Write) {
       s = Status::Admit;
     } else if (touch_kind == Touch::Lookup) {
       ++d.increments;
@@ -383,14 +330,25 @@ void TablePolicy::check(const uint64_t* ids, size_t n, Touch touch_kind, double 
   step_ = saved_step;
 }
 
-PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now, const HeldRows& held) {
+PolicyDecision TablePolicy::apply(const uint64_t* ids, size_t n, Touch touch_kind, double now, const HeldRows& held,
+                                  const std::function<void()>& before_changes) {
   if (touch_kind == Touch::Update && repeats_last_lookup(ids, n)) {
     ++step_;
     last_lookup_.clear();
     return PolicyDecision{};
   }
   last_lookup_.clear();
+  const uint64_t step_before = step_;
   Decided decided = decide(ids, n, touch_kind, now, held);
+  if (before_changes) {
+    try {
+      before_changes();
+    } catch (...) {  // as check() leaves it
+      if (sketch_) sketch_->rollback(decided.sketch_cells);
+      step_ = step_before;
+      throw;
+    }
+  }
   const std::vector<uint64_t>& distinct = decided.distinct;
   const std::vector<Status>& status = decided.status;
   const uint64_t budget = row_budget();

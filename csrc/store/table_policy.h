@@ -66,6 +66,7 @@
 #include <string>
 #include <vector>
 
+#include "flat_id_map.h"
 #include "frequency_sketch.h"
 #include "mix64.h"
 #include "table_policy_config.h"
@@ -86,6 +87,10 @@ uint32_t auto_sketch_width(uint64_t row_budget);
 struct HeldRows {
   std::function<void(const uint64_t* ids, size_t n, uint8_t* held)> contains;
   std::function<uint64_t()> count;
+  // With spill: whether a row is in the disk tier, asked of every distinct row of a request that is
+  // not held. Such a row was admitted before: any touch brings it back (Status::Admit) without asking
+  // the sketch.
+  std::function<bool(uint64_t id)> on_disk;
 };
 
 // What a request does, decided by TablePolicy::apply.
@@ -136,7 +141,10 @@ class TablePolicy {
 
   // Records one request's touches and decides it (see PolicyDecision). Throws StoreError with
   // nothing changed when the request cannot be served within the budget. now: steady-clock seconds.
-  PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
+  // before_changes runs once the request is known to fit and before anything changes; if it throws,
+  // nothing changes either (the table reads a request's rows back from disk there).
+  PolicyDecision apply(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held,
+                       const std::function<void()>& before_changes = {});
   // Throws what apply would throw for this request now, and changes nothing either way: a table split
   // over shards asks every shard before any applies its part (RemoteTable, CHECK_POLICY).
   void check(const uint64_t* ids, size_t n, Touch touch, double now, const HeldRows& held);
@@ -200,55 +208,8 @@ class TablePolicy {
       return bytes != other.bytes;
     }
   };
-  // id -> Meta in one open-addressing array (linear probing, at most half full, backward-shift erase):
-  // one cache line per lookup and no allocation per row, which a node-based map cost on every
-  // admission and eviction (a request admits and evicts tens of thousands).
-  class MetaMap {
-   public:
-    explicit MetaMap(uint64_t* bytes) : slots_(Counting<Slot>(bytes)) {}
-    size_t size() const { return size_; }
-    // Inline: the batch loops call these once per row.
-    Meta* find(uint64_t id) {
-      if (size_ == 0) return nullptr;
-      const size_t mask = slots_.size() - 1;
-      for (size_t i = home(id);; i = (i + 1) & mask) {
-        if (slots_[i].id == id) return &slots_[i].meta;
-        if (slots_[i].id == kFree) return nullptr;
-      }
-    }
-    const Meta* find(uint64_t id) const { return const_cast<MetaMap*>(this)->find(id); }
-    void prefetch(uint64_t id) const {
-      if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
-    }
-    std::pair<Meta*, bool> find_or_insert(uint64_t id);  // {meta, created}; a new row's meta is unset
-    Meta& insert(uint64_t id, const Meta& meta);         // replaces the row's meta if it is there
-    bool erase(uint64_t id);
-    void clear();
-    template <class Fn>
-    void for_each(Fn fn) {
-      for (Slot& slot : slots_) {
-        if (slot.id != kFree) fn(slot.id, slot.meta);
-      }
-    }
-    template <class Fn>
-    void for_each(Fn fn) const {
-      for (const Slot& slot : slots_) {
-        if (slot.id != kFree) fn(slot.id, slot.meta);
-      }
-    }
-
-   private:
-    // No row id is UINT64_MAX: num_rows is at most UINT64_MAX, so ids are below it.
-    static constexpr uint64_t kFree = ~uint64_t{0};
-    struct Slot {
-      uint64_t id;
-      Meta meta;
-    };
-    size_t home(uint64_t id) const { return size_t(mix64(id)) & (slots_.size() - 1); }
-    void grow();
-    std::vector<Slot, Counting<Slot>> slots_;
-    size_t size_ = 0;
-  };
+  // id -> Meta, at most half full (flat_id_map.h); its slots count in bytes().
+  using MetaMap = FlatIdMap<Meta, 50, Counting>;
   struct Key {
     double score;
     uint64_t tick;
@@ -300,7 +261,7 @@ class TablePolicy {
   uint64_t record_bytes_;
   // Declared before the containers, which count into it.
   std::unique_ptr<uint64_t> metadata_bytes_ = std::make_unique<uint64_t>(0);
-  MetaMap rows_{metadata_bytes_.get()};
+  MetaMap rows_{MetaMap::SlotAllocator(metadata_bytes_.get())};
   std::set<Key, std::less<Key>, Counting<Key>> order_{std::less<Key>(), Counting<Key>(metadata_bytes_.get())};
   std::vector<Entry, Counting<Entry>> log_{Counting<Entry>(metadata_bytes_.get())};
   size_t log_head_ = 0;                      // entries before it were consumed

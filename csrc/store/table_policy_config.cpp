@@ -25,7 +25,8 @@ std::string format_seconds(double seconds) {
 bool operator==(const TablePolicyConfig& lhs, const TablePolicyConfig& rhs) {
   return lhs.max_rows == rhs.max_rows && lhs.max_bytes == rhs.max_bytes && lhs.evict == rhs.evict &&
          lhs.half_life == rhs.half_life && lhs.ttl_steps == rhs.ttl_steps && lhs.ttl_seconds == rhs.ttl_seconds &&
-         lhs.admit_after == rhs.admit_after && lhs.sketch_width == rhs.sketch_width;
+         lhs.admit_after == rhs.admit_after && lhs.sketch_width == rhs.sketch_width && lhs.spill == rhs.spill &&
+         lhs.max_disk_bytes == rhs.max_disk_bytes;
 }
 
 std::string evict_name(EvictKind kind) {
@@ -44,7 +45,10 @@ std::string describe(const TablePolicyConfig& config) {
   if (config.evict == EvictKind::Lfu) text += ", half_life=" + format_seconds(config.half_life);
   if (config.ttl_steps != 0) text += ", ttl=" + std::to_string(config.ttl_steps) + " steps";
   if (config.ttl_seconds != 0) text += ", ttl=" + format_seconds(config.ttl_seconds) + " s";
-  return text + ", admit_after=" + std::to_string(config.admit_after) + ")";
+  text += ", admit_after=" + std::to_string(config.admit_after);
+  if (config.spill) text += ", spill=True";
+  if (config.max_disk_bytes != 0) text += ", max_disk_bytes=" + std::to_string(config.max_disk_bytes);
+  return text + ")";
 }
 
 void validate_policy(const TablePolicyConfig& config) {
@@ -70,6 +74,10 @@ void validate_policy(const TablePolicyConfig& config) {
   if (config.admit_after < 1 || config.admit_after > kMaxAdmitAfter) {
     invalid("admit_after must be in [1, " + std::to_string(kMaxAdmitAfter) + "]");
   }
+  if (config.spill && config.evict == EvictKind::None) {
+    invalid("spill=True keeps the rows a budget evicts on disk: give it evict='lru', 'lfu' or 'ttl' (and a budget)");
+  }
+  if (config.max_disk_bytes != 0 && !config.spill) invalid("max_disk_bytes bounds the disk tier: it needs spill=True");
   const uint32_t width = config.sketch_width;
   if (width != 0 && (width < kMinSketchWidth || width > kMaxSketchWidth || (width & (width - 1)) != 0)) {
     invalid("sketch_width must be 0 (sized from the budget) or a power of two in [" + std::to_string(kMinSketchWidth) +

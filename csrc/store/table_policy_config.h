@@ -20,6 +20,10 @@ struct TablePolicyConfig {
   // Columns of the admission sketch; 0: sized from the budget (auto_sketch_width). The policy in
   // force always holds the width it uses.
   uint32_t sketch_width = 0;
+  // Evicted rows go to the disk tier (disk_tier.h) with their optimizer state, and come back on their
+  // next touch, instead of returning to the init rule. Needs evict.
+  bool spill = false;
+  uint64_t max_disk_bytes = 0;  // with spill: a bound on the disk tier's files; 0: none
 
   // Whether the table needs a policy at all.
   bool active() const { return max_rows != 0 || max_bytes != 0 || evict != EvictKind::None || admit_after > 1; }

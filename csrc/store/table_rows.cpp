@@ -84,9 +84,11 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
   const size_t row_bytes = size_t{row_words_} * sizeof(float);
   const RowCopier copier(out, n * row_bytes, row_bytes);
   const size_t ahead = records_ahead(row_bytes);
-  std::vector<float> init_value;   // ComputeInit only: the init value of a row that is not materialized
-  std::vector<uint64_t> missing;   // Materialize only: the rows that are not materialized, and
-  std::vector<size_t> missing_at;  // where in the batch
+  std::vector<float> init_value;         // ComputeInit only: the init value of a row that is not materialized
+  std::vector<uint64_t> missing;         // Materialize only: the rows that are not materialized, and
+  std::vector<size_t> missing_at;        // where in the batch
+  std::vector<uint64_t> not_in_memory;   // ComputeInit with a disk tier: a block's rows not in memory,
+  std::vector<size_t> not_in_memory_at;  // and where in the batch
   // First pass, a block at a time in batch order (so that the output is written in order and no
   // per-sub-shard pipeline restarts): copy out every materialized row under the read locks.
   LockedRecords found;
@@ -101,6 +103,9 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
       const size_t position = begin + k;
       if (found.records[k] != nullptr) {
         copier.copy(out + position * row_bytes, found.records[k]);
+      } else if (policy == MissPolicy::ComputeInit && disk_) {
+        not_in_memory.push_back(ids[position]);
+        not_in_memory_at.push_back(position);
       } else if (policy == MissPolicy::ComputeInit) {
         init_value.resize(row_words_);
         fill_weight(ids[position], init_value.data());
@@ -109,6 +114,12 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
         missing.push_back(ids[position]);
         missing_at.push_back(position);
       }
+    }
+    // Still under the block's read locks: a row moving between the tiers is in one or the other.
+    if (!not_in_memory.empty()) {
+      read_not_in_memory(not_in_memory, not_in_memory_at, out);
+      not_in_memory.clear();
+      not_in_memory_at.clear();
     }
   }
   found.unlock();
@@ -193,6 +204,24 @@ void Table::gather(const uint64_t* ids, size_t n, float* out) {
     read_rows(ids + begin, n * (part + 1) / threads - begin, reinterpret_cast<std::byte*>(out) + begin * row_bytes,
               MissPolicy::ComputeInit);
   });
+}
+
+void Table::read_not_in_memory(const std::vector<uint64_t>& ids, const std::vector<size_t>& at, std::byte* out) const {
+  const size_t row_bytes = size_t{row_words_} * sizeof(float);
+  std::vector<size_t> positions;
+  std::vector<float> records;
+  disk_->read(ids.data(), ids.size(), positions, records);
+  std::vector<uint8_t> on_disk(ids.size(), 0);
+  for (size_t k = 0; k < positions.size(); ++k) {
+    on_disk[positions[k]] = 1;
+    std::memcpy(out + at[positions[k]] * row_bytes, records.data() + k * record_words_, row_bytes);
+  }
+  std::vector<float> init_value(row_words_);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (on_disk[k]) continue;
+    fill_weight(ids[k], init_value.data());
+    std::memcpy(out + at[k] * row_bytes, init_value.data(), row_bytes);
+  }
 }
 
 void Table::peek(const uint64_t* ids, size_t n, float* out) const {

@@ -58,7 +58,7 @@ Table::ViewLocks Table::lock_for_view() const {
 }
 
 TableScanHeader Table::scan_header() const {
-  uint64_t row_count = 0;
+  uint64_t row_count = disk_ ? disk_->size() : 0;
   for (const Shard& shard : shards_) row_count += shard.rows.size();
   return TableScanHeader{TableConfig{num_rows_, row_words_, state_words_, init_, dtype_}, init_stream_, optimizer_,
                          step_.load(), row_count};
@@ -69,6 +69,7 @@ void Table::scan(const std::function<void(const TableScanHeader&)>& on_header,
   const ViewLocks locks = lock_for_view();
   on_header(scan_header());
   for (const Shard& shard : shards_) shard.rows.for_each(on_row);
+  if (disk_) disk_->for_each(on_row);
 }
 
 void Table::scan_into(const std::function<RowArrays(const TableScanHeader&)>& allocate) const {
@@ -80,6 +81,13 @@ void Table::scan_into(const std::function<RowArrays(const TableScanHeader&)>& al
   run_tasks(kNumShards, threads_for(header.row_count, kCopyRowsPerThread), [&](size_t s) {
     shards_[s].rows.copy_out(out.ids + first_row[s], out.records + first_row[s] * size_t{record_words_});
   });
+  if (!disk_) return;
+  size_t next = first_row[kNumShards];
+  disk_->for_each([&](uint64_t id, const float* record) {
+    out.ids[next] = id;
+    std::memcpy(out.records + next * size_t{record_words_}, record, size_t{record_words_} * sizeof(float));
+    ++next;
+  });
 }
 
 TableSnapshot Table::snapshot() const {
@@ -87,6 +95,7 @@ TableSnapshot Table::snapshot() const {
   TableSnapshot snapshot{scan_header(), RowSet(record_words_)};
   run_tasks(kNumShards, threads_for(snapshot.header.row_count, kCopyRowsPerThread),
             [&](size_t s) { snapshot.rows.shards_[s] = shards_[s].rows.copy(); });
+  if (disk_) disk_->for_each([&](uint64_t id, const float* record) { snapshot.rows.insert(id, record); });
   return snapshot;
 }
 
@@ -107,11 +116,18 @@ void Table::set_init(const InitRule& rule) {
   std::lock_guard<std::mutex> init_lock(init_mutex_);
   // A moved-from RowIndex is empty, with the same record width.
   for (Shard& shard : shards_) dropped.push_back(std::move(shard.rows));
+  drop_disk_rows();
   reindex_all_rows();
   init_ = rule;
 }
 
 void Table::reset(const InitRule& rule, const OptimizerConfig& optimizer) {
+  {
+    // Dropped first, so that removing the policy does not bring them back only to drop them.
+    std::lock_guard<std::mutex> policy_lock(policy_mutex_);
+    const auto locks = lock_all_shards();
+    drop_disk_rows();
+  }
   set_policy(TablePolicyConfig{});
   set_init(rule);
   set_optimizer(optimizer);
@@ -149,6 +165,10 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   state_words_ = state_words;
   record_words_ = rows.record_words();
   rows.record_words_ = row_words_ + state_words_;  // what the old rows now held by `rows` are
+  if (disk_ && disk_->record_words() != record_words_) {
+    disk_ = std::make_unique<DiskTier>(id_, record_words_, policy_->config().max_disk_bytes);
+  }
+  drop_disk_rows();
   initial_state_ = optimizer.kind == OptimizerKind::Adagrad ? optimizer.initial_accumulator_value : 0.0;
   init_ = init;
   init_stream_ = init_stream;

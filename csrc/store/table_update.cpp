@@ -54,8 +54,27 @@ void Table::set_optimizer(const OptimizerConfig& config) {
 
   std::vector<RowIndex> old_rows;  // freed after the locks are released
   std::unique_lock<std::mutex> policy_lock(policy_mutex_);
+  // The rows on disk are re-laid first, into a new tier: a failing disk leaves the table as it was.
+  std::unique_ptr<DiskTier> relaid_disk;
+  {
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    const bool kind_changed = config.kind != optimizer_.kind;
+    if (disk_ &&
+        (disk_->record_words() != new_record_floats || (kind_changed && new_state_words > 0 && disk_->size() > 0))) {
+      relaid_disk = std::make_unique<DiskTier>(id_, new_record_floats, policy_->config().max_disk_bytes);
+      std::vector<float> relaid(new_record_floats);
+      disk_->for_each([&](uint64_t id, const float* record) {
+        const uint32_t keep = kind_changed ? row_words_ : std::min(record_words_, new_record_floats);
+        std::memcpy(relaid.data(), record, size_t{keep} * sizeof(float));
+        fill_state_words(dtype_, relaid.data() + keep, new_record_floats - keep, new_initial_state);
+        relaid_disk->stage(id, relaid.data());
+      });
+      relaid_disk->flush();
+    }
+  }
   std::unique_lock<std::shared_mutex> request(request_mutex_);
   auto locks = lock_all_shards();
+  if (relaid_disk) disk_ = std::move(relaid_disk);
   const bool kind_changed = config.kind != optimizer_.kind;
   if (new_state_words != state_words_) {
     // Build every new sub-shard before changing any, so that running out of memory leaves the table
@@ -327,10 +346,13 @@ uint32_t Table::gather_state(const uint64_t* ids, size_t n, std::vector<float>& 
   const uint32_t width = state_words_;
   out.assign(n * width, 0.0f);
   if (width == 0) return 0;
+  std::vector<float> on_disk(record_words_);
   find_each_read_locked(ids, n, [&](size_t position, const float* record) {
     float* destination = out.data() + position * width;
     if (record != nullptr) {
       std::memcpy(destination, record + row_words_, size_t{width} * sizeof(float));
+    } else if (disk_ && disk_->read_one(ids[position], on_disk.data())) {
+      std::memcpy(destination, on_disk.data() + row_words_, size_t{width} * sizeof(float));
     } else {
       fill_state_words(dtype_, destination, width, initial_state_);
     }

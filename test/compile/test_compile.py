@@ -250,3 +250,28 @@ def test_a_graph_reused_for_the_other_storage_kind_is_refused(first, second):
         torch.compile(model, backend="aot_eager")(*_batch(100, 0))
     if second == "table":
         assert torch_recdev.table_stats(model.bag.weight)["rows"] == 0  # refused before the lookup
+
+
+def test_compiled_training_of_a_spilled_table_equals_eager_without_a_budget(tmp_path):
+    """A memory tier of 16 rows under a compiled model (the disk tier, docs/disk_tier.md): every batch
+    brings rows back from disk and sends others there, and the losses and rows are those of eager
+    training on an unbounded table."""
+    torch_recdev.set_disk_dir(tmp_path)
+
+    def setup(spill):
+        torch.manual_seed(0)
+        model = BagMLP("table", "cpu")
+        if spill:
+            torch_recdev.set_table_policy(model.bag.weight, max_rows=24, evict="lru", spill=True)
+        opt = torch_recdev.optim.Adagrad([model.bag.weight], lr=0.1)
+        return model, opt, torch.optim.SGD(model.mlp.parameters(), lr=0.05)
+
+    model, opt, dense_opt = setup(False)
+    expected = _train(model, model, opt, dense_opt, 8)
+    spilled, opt, dense_opt = setup(True)
+    losses = _train(spilled, torch.compile(spilled, backend="aot_eager"), opt, dense_opt, 8)
+    assert losses == pytest.approx(expected, rel=1e-6)
+    assert torch_recdev.table_stats(spilled.bag.weight)["rows_on_disk"] > 0
+    for seed in range(8):  # a lookup stores at most the budget's rows
+        ids = _batch(HUGE_ROWS, seed)[0].to("recdev")
+        assert torch.equal(spilled.bag.weight.detach()[ids].cpu(), model.bag.weight.detach()[ids].cpu())

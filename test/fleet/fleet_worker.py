@@ -100,15 +100,16 @@ IN_BACKWARD = {"Adagrad": torch.optim.Adagrad, "RowWiseAdagrad": torch_recdev.op
 SYNC_STEPS, SYNC_BATCH, SYNC_IDS = 50, 128, 300  # the global batch; ids from [0, SYNC_IDS): many duplicates
 
 
-def sync_train(kind: str, rank: int, world: int, sync: bool, in_backward: bool = False) -> torch.Tensor:
+def sync_train(kind: str, rank: int, world: int, sync: bool, in_backward: bool = False, policy=None) -> torch.Tensor:
     """50 steps of two tables under one optimizer, each on this rank's share of the step's global
     batch (world 1: all of it, the single-process reference). in_backward: the optimizer of
     apply_optimizer_in_backward, with no step() call. Returns the rows the batches touch, both tables'."""
     torch.manual_seed(0)
     # Afresh: on shards rank 0 resets for all; on the embedded store each rank resets its own replica.
     reset = rank == 0 or torch_recdev.store_info()["kind"] == "embedded"
-    tables = [ops.init_embedding_table(f"sync.{kind}.{t}", 10_000, 8, init=torch_recdev.Normal(0, 0.1),
-                                       reset=reset).requires_grad_(True) for t in "ab"]
+    # The same names with or without a policy: a named table's init values follow its name.
+    tables = [ops.init_embedding_table(f"sync.{kind}.{t}", 10_000, 8, init=torch_recdev.Normal(0, 0.1), reset=reset,
+                                       **(policy or {})).requires_grad_(True) for t in "ab"]
     if world > 1:
         dist.barrier()  # rank 0's reset before any rank trains
     kwargs = {"lr": 0.05, **({"sync": True} if sync else {})}
@@ -127,12 +128,23 @@ def sync_train(kind: str, rank: int, world: int, sync: bool, in_backward: bool =
         (looked_up * weights[mine]).sum().backward()
         if not in_backward:
             optimizer.step()
-    return torch.cat([ops.emb_read(t, torch.arange(SYNC_IDS)).cpu() for t in tables])
+    # A copy to the CPU, not a lookup: no touch, so no budget to fit.
+    return torch.cat([t.detach()[:SYNC_IDS].cpu() for t in tables])
 
 
 def sync_reference(out: dict) -> None:
     out["sync"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True) for kind in SYNC_KINDS}
     out["sync_store"] = torch_recdev.store_info()["kind"]
+
+
+# A memory tier of 200 of the 300 rows each table's steps touch (100 per shard): every step brings rows
+# back from the shards' disks and sends others there.
+SPILL = dict(max_rows=200, evict="lru", spill=True)
+
+
+def sync_spilled(out: dict) -> None:
+    out["sync_spilled"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True, policy=SPILL)
+                           for kind in SYNC_KINDS}
 
 
 def sync_in_backward(out: dict) -> None:

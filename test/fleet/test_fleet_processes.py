@@ -2,7 +2,7 @@
 rank 0 only; every rank declares every table with its init and no update is lost (exact SGD sums);
 share_tables on a model; a checkpoint saved by rank 0 and resumed by all; sync=True equal to one
 process with the whole batch, on shards and on the embedded store, stepped by hand or by
-apply_optimizer_in_backward's backward; a rank killed in sync mode, on shards and on the embedded store."""
+apply_optimizer_in_backward's backward, and on shards with spilled tables (a memory tier of 2/3 of the rows); a rank killed in sync mode, on shards and on the embedded store."""
 
 import pytest
 import torch
@@ -17,10 +17,10 @@ from fleet_processes import run_fleet
 def fleet(tmp_path_factory):
     """One fleet run of every scenario (each launch of two interpreters costs seconds)."""
     tmp = tmp_path_factory.mktemp("fleet")
-    servers = local_shards.start_shards(2, log_dir=str(tmp))
+    servers = local_shards.start_shards(2, "--disk-dir", str(tmp / "disk"), log_dir=str(tmp))
     try:
-        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference,sync_in_backward,sync_killed", tmp,
-                        servers=local_shards.server_list(servers))
+        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference,sync_in_backward,sync_spilled,sync_killed",
+                        tmp, servers=local_shards.server_list(servers))
         yield out, local_shards.server_list(servers)
     finally:
         for server in servers:
@@ -92,6 +92,15 @@ def test_sync_in_backward_on_two_shards_equals_one_process_without_a_step_call(f
     out, _ = fleet
     for rank in out:
         torch.testing.assert_close(rank["sync_in_backward"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)
+def test_sync_on_two_shards_with_spilled_tables_equals_one_process_without_a_budget(fleet, reference, kind):
+    """The shards' memory tiers hold 2/3 of the rows the steps touch; the disk tier gives every row
+    back as it left, so the fleet trains as the unbounded single process does."""
+    out, _ = fleet
+    for rank in out:
+        torch.testing.assert_close(rank["sync_spilled"][kind], reference[kind], rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)

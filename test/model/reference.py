@@ -61,11 +61,14 @@ class Row:
 class Policy:
     max_rows: Optional[int] = None  # with evict="lru" whenever set
     admit_after: int = 1
+    spill: bool = False  # evicted rows go to the disk tier (needs max_rows), and come back as they were
 
     def keywords(self) -> dict:
         kw = {"admit_after": self.admit_after}
         if self.max_rows is not None:
             kw.update(max_rows=self.max_rows, evict="lru")
+        if self.spill:
+            kw["spill"] = True
         return kw
 
 
@@ -80,6 +83,7 @@ class TableModel:
     policy: Optional[Policy] = None
     step: int = 0
     held: "OrderedDict[int, Row]" = field(default_factory=OrderedDict)  # least recently touched first
+    spilled: "OrderedDict[int, Row]" = field(default_factory=OrderedDict)  # on disk (spill), oldest first
     init_known: dict = field(default_factory=dict)  # id -> init row learned from the store
     sketch: Counter = field(default_factory=Counter)  # admission: lookups of rows not held (exact for few ids)
     evicted: int = 0
@@ -109,6 +113,13 @@ class TableModel:
             return {"m": np.zeros(self.dim), "v": np.zeros(self.dim)}
         return {}
 
+    def row(self, i: int) -> Row:
+        """A row the table holds, in memory or on disk."""
+        return self.held[i] if i in self.held else self.spilled[i]
+
+    def holds(self, i: int) -> bool:
+        return i in self.held or i in self.spilled
+
     # --- checks common to every row request ---------------------------------------------------
 
     def _check_keys(self, keys: list[int]) -> list[int]:
@@ -124,6 +135,10 @@ class TableModel:
             raise Refused(ValueError, f"{len(stored)} distinct rows cannot fit the budget")
 
     def _materialize(self, i: int) -> Row:
+        if i in self.spilled:  # back from disk, weight and state as they left
+            row = self.held[i] = self.spilled.pop(i)
+            self.admitted += 1
+            return row
         v = self.init_value(i)
         assert v is not None, f"init value of row {i} unknown to the model"
         row = Row(v.copy(), self.fresh_state())
@@ -143,7 +158,9 @@ class TableModel:
             return
         while len(self.held) > self.policy.max_rows:
             victim = next(i for i in self.held if i not in protected)
-            del self.held[victim]
+            row = self.held.pop(victim)
+            if self.policy.spill:
+                self.spilled[victim] = row
             self.evicted += 1
 
     def _admits(self, i: int) -> bool:
@@ -158,7 +175,8 @@ class TableModel:
 
     def read(self, keys: list[int]) -> np.ndarray:
         distinct = self._check_keys(keys)
-        stored = [i for i in distinct if i in self.held or self._admits(i)]
+        # a row on disk was admitted before: it comes back without the sketch
+        stored = [i for i in distinct if i in self.held or i in self.spilled or self._admits(i)]
         self._check_budget(stored)
         out = {}
         for i in distinct:
@@ -190,13 +208,14 @@ class TableModel:
                 raise Refused(IndexError, f"key {k} at position {pos} out of range")
         for k in keys:
             self.held.pop(k, None)
+            self.spilled.pop(k, None)
         self.last_lookup = None
 
     def exists(self, keys: list[int]) -> list[bool]:
         for pos, k in enumerate(keys):
             if not 0 <= k < self.rows:
                 raise Refused(IndexError, f"key {k} at position {pos} out of range")
-        return [k in self.held for k in keys]
+        return [k in self.held or k in self.spilled for k in keys]
 
     def update(self, keys: list[int], grads: np.ndarray) -> set:
         """One optimizer step; returns the ids whose weights moved (compared with a tolerance
@@ -207,7 +226,7 @@ class TableModel:
         if not np.all(np.isfinite(grads)):
             raise Refused(ValueError, "non-finite gradient")
         k = self.policy.admit_after if self.policy else 1
-        self._check_budget([i for i in distinct if i in self.held or k <= 1])
+        self._check_budget([i for i in distinct if i in self.held or i in self.spilled or k <= 1])
         summed = {i: np.zeros(self.dim, np.float32) for i in distinct}
         with np.errstate(over="ignore"):
             for p, key in enumerate(keys):  # duplicates summed in float32, in batch order
@@ -219,7 +238,7 @@ class TableModel:
         for i in distinct:
             row = self.held.get(i)
             if row is None:
-                if k > 1:
+                if k > 1 and i not in self.spilled:
                     continue  # updates never admit: dropped until the row is admitted
                 row = self._materialize(i)
             self._apply(row, summed[i])
@@ -272,10 +291,8 @@ class TableModel:
             raise Refused(ValueError, "optimizer kind differs")
         if opt is not None:
             if self.opt is None or opt[0] != self.opt[0]:
-                for row in self.held.values():
-                    row.state = {}
                 self.opt = opt
-                for row in self.held.values():
+                for row in [*self.held.values(), *self.spilled.values()]:  # on disk too
                     row.state = self.fresh_state()
                 self.step = 0
             else:
@@ -289,8 +306,8 @@ class TableModel:
         """Every row of the table as a copy to the CPU must give it, where the model knows it."""
         out = {}
         for i in range(self.rows):
-            if i in self.held:
-                out[i] = self.held[i].w
+            if i in self.held or i in self.spilled:
+                out[i] = self.row(i).w
             else:
                 v = self.init_value(i)
                 if v is not None:
@@ -310,7 +327,9 @@ def restore(saved: TableModel, current: Optional[TableModel]) -> TableModel:
         t.counters_known = False
         if t.policy.max_rows is not None:
             while len(t.held) > t.policy.max_rows:
-                t.held.popitem(last=False)
+                victim, row = t.held.popitem(last=False)
+                if t.policy.spill:
+                    t.spilled[victim] = row
     return t
 
 

@@ -14,6 +14,7 @@ and `shard_budget` checks that a budget refusal on shards is all or nothing.
 
 from __future__ import annotations
 
+import atexit
 import io
 import itertools
 import os
@@ -37,7 +38,8 @@ INITS = (("constant", 0.5, 0.0), ("zero", 0.0, 0.0), ("constant", -1.25, 0.0), (
          ("uniform", -1.0, 1.0))
 OPTS = (("sgd", {"lr": 0.5}), ("sgd", {"lr": 0.125, "weight_decay": 0.5}), ("adagrad", {"lr": 0.1}),
         ("rowwise_adagrad", {"lr": 0.1}), ("adam", {"lr": 0.01}), None)
-POLICIES = (None, Policy(2, 1), Policy(2, 1), Policy(3, 1), Policy(None, 2), Policy(2, 2), Policy(4, 3), Policy(None, 4))
+POLICIES = (None, Policy(2, 1), Policy(2, 1), Policy(3, 1), Policy(None, 2), Policy(2, 2), Policy(4, 3), Policy(None, 4),
+            Policy(2, 1, spill=True), Policy(3, 2, spill=True))
 # Budgets of shard_budget: with lru, without evict (refuses when full), with lru and admission.
 SHARD_BUDGETS = {"lru": dict(evict="lru"), "strict": {}, "admission": dict(evict="lru", admit_after=2)}
 
@@ -49,6 +51,8 @@ OPT_CLASSES = {"sgd": torch_recdev.optim.SGD, "adagrad": torch_recdev.optim.Adag
                "rowwise_adagrad": torch_recdev.optim.RowWiseAdagrad, "adam": torch_recdev.optim.Adam}
 
 _examples = itertools.count()
+DISK_DIR = tempfile.mkdtemp(prefix="recdev-model-disk-")
+atexit.register(shutil.rmtree, DISK_DIR, ignore_errors=True)
 
 
 def strategy(rule_):
@@ -98,6 +102,7 @@ class StoreMachine(RuleBasedStateMachine):
             torch_recdev.connect(local_shards.server_list(self.servers))
         else:
             torch_recdev.connect(None)
+            torch_recdev.set_disk_dir(DISK_DIR)  # the embedded store lives on, and its spilling tables
 
     def teardown(self):
         if self.remote:
@@ -121,8 +126,8 @@ class StoreMachine(RuleBasedStateMachine):
         peek = t.cpu().float().numpy()  # no touch
         exact = m.opt is None or m.opt[0] == "sgd"
         for i in range(m.rows):
-            if i in m.held:
-                want, got = m.held[i].w, peek[i]
+            if m.holds(i):
+                want, got = m.row(i).w, peek[i]
                 if exact:
                     assert np.array_equal(got, want), f"{name} row {i}: store {got}, model {want}"
                 else:
@@ -130,7 +135,7 @@ class StoreMachine(RuleBasedStateMachine):
                     if m.dtype != "float32":
                         tol = np.maximum(tol, 1.01 * ulp(want, m.dtype))
                     assert np.all(np.abs(got - want) <= tol), f"{name} row {i}: store {got}, model {want}"
-                    m.held[i].w = got.copy()  # within tolerance: go on from the store's value
+                    m.row(i).w = got.copy()  # within tolerance: go on from the store's value
             else:
                 want = m.init_value(i)
                 if want is None:
@@ -138,9 +143,12 @@ class StoreMachine(RuleBasedStateMachine):
                 else:
                     assert np.array_equal(peek[i], want), f"{name} row {i} (not held): store {peek[i]}, init {want}"
         exists = ops.emb_exists(t, torch.arange(m.rows)).tolist()
-        assert exists == [i in m.held for i in range(m.rows)], f"{name}: emb_exists {exists}, model holds {sorted(m.held)}"
+        assert exists == [m.holds(i) for i in range(m.rows)], \
+            f"{name}: emb_exists {exists}, model holds {sorted(m.held)} and {sorted(m.spilled)} on disk"
         stats = torch_recdev.table_stats(t)
-        assert stats["rows"] == len(m.held), f"{name}: table_stats rows {stats['rows']}, model {len(m.held)}"
+        got = (stats["rows"], stats["rows_on_disk"])
+        assert got == (len(m.held) + len(m.spilled), len(m.spilled)), f"{name}: table_stats (rows, on disk) {got}, " \
+            f"model {sorted(m.held)} and {sorted(m.spilled)} on disk"
         if m.policy is not None:
             if m.counters_known:
                 got = (stats["evicted"], stats["admitted"])

@@ -75,7 +75,7 @@ def test_bad_policies_get_an_error_and_change_nothing(server, conn):
         expect_error(conn, "InvalidArgument", "SET_POLICY", u64(table) + payload, text)
     expect_error(conn, "NotFound", "SET_POLICY", u64(987654) + wire.policy(max_rows=5, evict="lru"), "no table")
     # Malformed: unknown flag bits, a budget flagged absent but sent, a short payload. The connection ends.
-    for payload, text in ((u8(4) + wire.policy()[1:], "unknown budget flags"),
+    for payload, text in ((u8(16) + wire.policy()[1:], "unknown budget flags"),
                           (u8(0) + i64(7) + wire.policy()[9:], "flagged absent"),
                           (wire.policy(max_rows=5, evict="lru")[:-3], "needs 4 bytes")):
         with server.connect() as c:

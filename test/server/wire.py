@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 9
+VERSION = 10
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -121,12 +121,14 @@ EVICT = {None: 0, "lru": 1, "lfu": 2, "ttl": 3}
 
 
 def policy(max_rows=None, max_bytes=None, evict=None, half_life=1000.0, ttl_steps=0, ttl_seconds=0.0, admit_after=1,
-           sketch_width=1 << 16):
-    """A table policy as SET_POLICY carries it: budgets flagged present (bit 0 max_rows, bit 1 max_bytes) and
-    signed, so that zero and negative budgets can be sent (and must be refused)."""
-    flags = (1 if max_rows is not None else 0) | (2 if max_bytes is not None else 0)
-    return (u8(flags) + i64(max_rows or 0) + i64(max_bytes or 0) + u8(EVICT.get(evict, evict)) + f64(half_life)
-            + u64(ttl_steps) + f64(ttl_seconds) + u32(admit_after) + u32(sketch_width))
+           sketch_width=1 << 16, spill=False, max_disk_bytes=None):
+    """A table policy as SET_POLICY carries it: budgets flagged present (bit 0 max_rows, bit 1 max_bytes, bit 3
+    max_disk_bytes) and signed, so that zero and negative budgets can be sent (and must be refused); bit 2 spill."""
+    flags = ((1 if max_rows is not None else 0) | (2 if max_bytes is not None else 0) | (4 if spill else 0)
+             | (8 if max_disk_bytes is not None else 0))
+    return (u8(flags) + i64(max_rows or 0) + i64(max_bytes or 0) + i64(max_disk_bytes or 0)
+            + u8(EVICT.get(evict, evict)) + f64(half_life) + u64(ttl_steps) + f64(ttl_seconds) + u32(admit_after)
+            + u32(sketch_width))
 
 
 def step_tag_bytes(fleet, step, rank, world):
@@ -186,12 +188,16 @@ class Reader:
 
     def stats(self):
         return dict(num_rows=self.u64(), dim=self.u32(), rows=self.u64(), bytes=self.u64(), reads=self.u64(),
-                    writes=self.u64(), updates=self.u64(), evicted=self.u64(), admitted=self.u64(), pending=self.u64())
+                    writes=self.u64(), updates=self.u64(), evicted=self.u64(), admitted=self.u64(), pending=self.u64(),
+                    rows_in_memory=self.u64(), rows_on_disk=self.u64(), disk_bytes=self.u64(),
+                    disk_live_bytes=self.u64(), disk_reads=self.u64(), disk_read_ops=self.u64(),
+                    disk_writes=self.u64())
 
     def policy(self):
         flags = self.u8()
-        max_rows, max_bytes = self.i64(), self.i64()
+        max_rows, max_bytes, max_disk_bytes = self.i64(), self.i64(), self.i64()
         return dict(max_rows=max_rows if flags & 1 else None, max_bytes=max_bytes if flags & 2 else None,
+                    spill=bool(flags & 4), max_disk_bytes=max_disk_bytes if flags & 8 else None,
                     evict=self.u8(), half_life=self.f64(), ttl_steps=self.u64(), ttl_seconds=self.f64(),
                     admit_after=self.u32(), sketch_width=self.u32())
 
@@ -335,7 +341,9 @@ class Connection:
             out[k] = r.u64()
         out["uptime_seconds"] = r.f64()
         out["table_counters"] = [dict(table_id=r.u64(), name=r.string(), rows=r.u64(), evicted=r.u64(),
-                                      admitted=r.u64(), pending=r.u64(), policy=r.policy()) for _ in range(r.u32())]
+                                      admitted=r.u64(), pending=r.u64(), rows_on_disk=r.u64(), disk_bytes=r.u64(),
+                                      disk_reads=r.u64(), disk_writes=r.u64(), policy=r.policy())
+                         for _ in range(r.u32())]
         r.end()
         return out
 

@@ -271,7 +271,7 @@ def test_a_smaller_budget_evicts_at_once_and_keeps_the_order(policy_table, store
     assert held(table) == {7, 8, 9, 20}
     assert table.policy == dict(
         max_rows=4, max_bytes=None, evict="lru", half_life=1000.0, ttl_steps=None, ttl_seconds=None,
-        admit_after=1, sketch_width=0,
+        admit_after=1, sketch_width=0, spill=False, max_disk_bytes=None,
     )
 
 

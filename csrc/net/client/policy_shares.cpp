@@ -33,6 +33,7 @@ uint64_t split_budget(uint64_t budget, const char* what, uint32_t shard, uint32_
 bool same_but_budget(store::TablePolicyConfig lhs, store::TablePolicyConfig rhs) {
   lhs.max_rows = rhs.max_rows = 0;
   lhs.max_bytes = rhs.max_bytes = 0;
+  lhs.max_disk_bytes = rhs.max_disk_bytes = 0;
   return lhs == rhs;
 }
 
@@ -43,6 +44,7 @@ store::TablePolicyConfig shard_policy(const store::TablePolicyConfig& table, uin
   store::TablePolicyConfig share = table;
   share.max_rows = split_budget(table.max_rows, "max_rows", shard, num_shards, label);
   share.max_bytes = split_budget(table.max_bytes, "max_bytes", shard, num_shards, label);
+  share.max_disk_bytes = split_budget(table.max_disk_bytes, "max_disk_bytes", shard, num_shards, label);
   return share;
 }
 
@@ -50,7 +52,8 @@ store::TablePolicyConfig merge_policies(const std::vector<store::TablePolicyConf
   store::TablePolicyConfig table = shards.at(0);
   for (size_t shard = 1; shard < shards.size(); ++shard) {
     if (!same_but_budget(shards[0], shards[shard]) || (shards[0].max_rows == 0) != (shards[shard].max_rows == 0) ||
-        (shards[0].max_bytes == 0) != (shards[shard].max_bytes == 0)) {
+        (shards[0].max_bytes == 0) != (shards[shard].max_bytes == 0) ||
+        (shards[0].max_disk_bytes == 0) != (shards[shard].max_disk_bytes == 0)) {
       throw StoreError(ErrorCode::InvalidArgument,
                        "the shards of " + label + " disagree on its policy: shard 0 has " + store::describe(shards[0]) +
                            " and shard " + std::to_string(shard) + " has " + store::describe(shards[shard]) +
@@ -58,6 +61,7 @@ store::TablePolicyConfig merge_policies(const std::vector<store::TablePolicyConf
     }
     table.max_rows += shards[shard].max_rows;
     table.max_bytes += shards[shard].max_bytes;
+    table.max_disk_bytes += shards[shard].max_disk_bytes;
   }
   return table;
 }

@@ -2,7 +2,7 @@
 // TablePolicy over the rows it owns and enforces its share of the budget; the client splits a
 // table's policy into those shares and merges the shards' back (docs/budgets.md, "On shards").
 //
-// - Budget shares: max_rows and max_bytes are split so that the shares add up to the table's budget
+// - Budget shares: max_rows, max_bytes and max_disk_bytes are split so that the shares add up to the table's budget
 //   exactly: shard s of N holds budget / N, plus one for s < budget % N. A budget below N cannot be
 //   split (a shard with a share of 0 would have no budget at all) and is refused. Each shard evicts
 //   against its own share, so a skewed id distribution can evict on one shard before the table as a

@@ -182,6 +182,13 @@ store::TableStats RemoteTable::stats() const {
     total.evicted += stats.evicted;
     total.admitted += stats.admitted;
     total.pending += stats.pending;
+    total.rows_in_memory += stats.rows_in_memory;
+    total.rows_on_disk += stats.rows_on_disk;
+    total.disk_bytes += stats.disk_bytes;
+    total.disk_live_bytes += stats.disk_live_bytes;
+    total.disk_reads += stats.disk_reads;
+    total.disk_read_ops += stats.disk_read_ops;
+    total.disk_writes += stats.disk_writes;
   }
   return total;
 }

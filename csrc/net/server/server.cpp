@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "store/checkpoint.h"
+#include "store/disk_dir.h"
 #include "store/errors.h"
 
 namespace recdev::net {
@@ -543,6 +544,9 @@ std::string load_shard_checkpoint(const std::string& dir, ShardService& service)
 void run_server(const ServerOptions& options) {
   validate(options);
   ShardService service(options.service);
+  // The flag only, not RECDEV_DISK_DIR: a shard's disk is what its command line says.
+  const uint64_t left_behind = store::set_disk_dir(options.disk_dir);
+  if (left_behind != 0) log("removed " + std::to_string(left_behind) + " disk-tier directories of dead processes");
   if (!options.checkpoint_dir.empty()) restore_checkpoint_dir(options, service);
   HostPort bound;
   Socket listener = listen_on(parse_host_port(options.listen), bound);

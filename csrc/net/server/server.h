@@ -18,6 +18,7 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:7070";
   ServiceOptions service;
   std::string checkpoint_dir;   // empty: no checkpoints
+  std::string disk_dir;         // the disk tier's (store/disk_dir.h); empty: tables cannot spill
   double checkpoint_every = 0;  // seconds between periodic checkpoints; 0 = only at shutdown
   uint32_t max_connections = 64;
   double idle_timeout = 300;  // seconds without a request after which a connection is closed

@@ -387,8 +387,9 @@ ServerStats ShardService::stats() {
       if (!info.name.empty()) ++stats.named_tables;
       stats.rows += table.rows;
       stats.bytes += table.bytes;
-      stats.table_counters.push_back(
-          TableCounters{info.id, info.name, table.rows, table.evicted, table.admitted, table.pending, held->policy()});
+      stats.table_counters.push_back(TableCounters{info.id, info.name, table.rows, table.evicted, table.admitted,
+                                                   table.pending, table.rows_on_disk, table.disk_bytes,
+                                                   table.disk_reads, table.disk_writes, held->policy()});
     } catch (const StoreError&) {}
   }
   stats.max_memory = options_.max_memory;

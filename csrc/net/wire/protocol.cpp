@@ -129,6 +129,10 @@ void encode(Writer& out, const store::TableStats& stats) {
   out.put<uint64_t>(stats.evicted);
   out.put<uint64_t>(stats.admitted);
   out.put<uint64_t>(stats.pending);
+  for (const uint64_t value : {stats.rows_in_memory, stats.rows_on_disk, stats.disk_bytes, stats.disk_live_bytes,
+                               stats.disk_reads, stats.disk_read_ops, stats.disk_writes}) {
+    out.put<uint64_t>(value);
+  }
 }
 
 void decode(Reader& in, store::TableStats& stats) {
@@ -142,15 +146,26 @@ void decode(Reader& in, store::TableStats& stats) {
   stats.evicted = in.get<uint64_t>("evicted");
   stats.admitted = in.get<uint64_t>("admitted");
   stats.pending = in.get<uint64_t>("pending");
+  stats.rows_in_memory = in.get<uint64_t>("rows_in_memory");
+  stats.rows_on_disk = in.get<uint64_t>("rows_on_disk");
+  stats.disk_bytes = in.get<uint64_t>("disk_bytes");
+  stats.disk_live_bytes = in.get<uint64_t>("disk_live_bytes");
+  stats.disk_reads = in.get<uint64_t>("disk_reads");
+  stats.disk_read_ops = in.get<uint64_t>("disk_read_ops");
+  stats.disk_writes = in.get<uint64_t>("disk_writes");
 }
 
 constexpr uint8_t kHasMaxRows = 1;
 constexpr uint8_t kHasMaxBytes = 2;
+constexpr uint8_t kSpills = 4;
+constexpr uint8_t kHasMaxDiskBytes = 8;
 
 void encode(Writer& out, const store::TablePolicyConfig& policy) {
-  out.put<uint8_t>(uint8_t((policy.max_rows != 0 ? kHasMaxRows : 0) | (policy.max_bytes != 0 ? kHasMaxBytes : 0)));
+  out.put<uint8_t>(uint8_t((policy.max_rows != 0 ? kHasMaxRows : 0) | (policy.max_bytes != 0 ? kHasMaxBytes : 0) |
+                           (policy.spill ? kSpills : 0) | (policy.max_disk_bytes != 0 ? kHasMaxDiskBytes : 0)));
   out.put<int64_t>(int64_t(policy.max_rows));
   out.put<int64_t>(int64_t(policy.max_bytes));
+  out.put<int64_t>(int64_t(policy.max_disk_bytes));
   out.put<uint8_t>(uint8_t(policy.evict));
   out.put<double>(policy.half_life);
   out.put<uint64_t>(policy.ttl_steps);
@@ -179,9 +194,13 @@ uint64_t get_budget(Reader& in, bool present, const char* what) {
 // The evict code is kept as sent: store::validate_policy refuses an unknown one with InvalidArgument.
 void decode(Reader& in, store::TablePolicyConfig& policy) {
   const uint8_t flags = in.get<uint8_t>("budget flags");
-  if ((flags & ~(kHasMaxRows | kHasMaxBytes)) != 0) Reader::fail("unknown budget flags " + std::to_string(flags));
+  if ((flags & ~(kHasMaxRows | kHasMaxBytes | kSpills | kHasMaxDiskBytes)) != 0) {
+    Reader::fail("unknown budget flags " + std::to_string(flags));
+  }
   policy.max_rows = get_budget(in, (flags & kHasMaxRows) != 0, "max_rows");
   policy.max_bytes = get_budget(in, (flags & kHasMaxBytes) != 0, "max_bytes");
+  policy.max_disk_bytes = get_budget(in, (flags & kHasMaxDiskBytes) != 0, "max_disk_bytes");
+  policy.spill = (flags & kSpills) != 0;
   policy.evict = store::EvictKind(in.get<uint8_t>("evict"));
   policy.half_life = in.get<double>("half_life");
   policy.ttl_steps = in.get<uint64_t>("ttl_steps");
@@ -328,6 +347,9 @@ void encode(Writer& out, const ServerStats& m) {
     out.put<uint64_t>(table.evicted);
     out.put<uint64_t>(table.admitted);
     out.put<uint64_t>(table.pending);
+    for (const uint64_t value : {table.rows_on_disk, table.disk_bytes, table.disk_reads, table.disk_writes}) {
+      out.put<uint64_t>(value);
+    }
     encode(out, table.policy);
   }
 }
@@ -355,6 +377,10 @@ void decode(Reader& in, ServerStats& m) {
     table.evicted = in.get<uint64_t>("evicted");
     table.admitted = in.get<uint64_t>("admitted");
     table.pending = in.get<uint64_t>("pending");
+    table.rows_on_disk = in.get<uint64_t>("rows_on_disk");
+    table.disk_bytes = in.get<uint64_t>("disk_bytes");
+    table.disk_reads = in.get<uint64_t>("disk_reads");
+    table.disk_writes = in.get<uint64_t>("disk_writes");
     decode(in, table.policy);
   }
 }

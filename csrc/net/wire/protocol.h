@@ -37,7 +37,10 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 7: synchronous steps staged on the shards (STAGE_UPDATE, COMMIT_UPDATE).
 // 8: OPEN_NAMED carries declares_rounding (bool, after reset): a declared optimizer that does not
 // name stochastic rounding keeps the table's rounding mode and seed.
-constexpr uint16_t kProtocolVersion = 9;
+// 9: CHECK_POLICY.
+// 10: TablePolicy carries spill (budget flag bit 2) and max_disk_bytes (bit 3, an i64 after
+// max_bytes); TableStats the disk tier's rows, bytes, reads and writes.
+constexpr uint16_t kProtocolVersion = 10;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -161,6 +164,10 @@ struct TableCounters {
   uint64_t evicted = 0;
   uint64_t admitted = 0;
   uint64_t pending = 0;
+  uint64_t rows_on_disk = 0;  // the disk tier (spill): its rows, files' bytes, rows read back and written
+  uint64_t disk_bytes = 0;
+  uint64_t disk_reads = 0;
+  uint64_t disk_writes = 0;
   store::TablePolicyConfig policy;  // this shard's share of the budget
 };
 

@@ -15,6 +15,8 @@
 #include "python/table_policy_binding.h"
 #include "store/checkpoint.h"
 #include "store/chunk_pool.h"
+#include "store/crc32c.h"
+#include "store/disk_dir.h"
 #include "store/errors.h"
 #include "store/init_rule.h"
 #include "store/optimizer.h"
@@ -354,6 +356,16 @@ void bind_optimizers(py::module_& s) {
   s.def("release_cached_chunk_regions", &release_cached_chunk_regions,
         "Gives the chunk pool's empty regions back to the system.");
   s.def("validate_optimizer", &validate_optimizer, py::arg("config"));
+  s.def("set_disk_dir", &set_disk_dir, py::arg("path"),
+        "The disk tier's directory (store/disk_dir.h); returns how many dead processes' directories it removed.");
+  s.def("crc32c", [](py::bytes data) {
+    const std::string bytes = data;
+    return crc32c_update(0, bytes.data(), bytes.size());
+  });
+  s.def("crc32c_portable", [](py::bytes data) {
+    const std::string bytes = data;
+    return crc32c_update_portable(0, bytes.data(), bytes.size());
+  });
 }
 
 void bind_tables(py::module_& s) {
@@ -385,6 +397,13 @@ void bind_tables(py::module_& s) {
       .def_readonly("evicted", &TableStats::evicted)
       .def_readonly("admitted", &TableStats::admitted)
       .def_readonly("pending", &TableStats::pending)
+      .def_readonly("rows_in_memory", &TableStats::rows_in_memory)
+      .def_readonly("rows_on_disk", &TableStats::rows_on_disk)
+      .def_readonly("disk_bytes", &TableStats::disk_bytes)
+      .def_readonly("disk_live_bytes", &TableStats::disk_live_bytes)
+      .def_readonly("disk_reads", &TableStats::disk_reads)
+      .def_readonly("disk_read_ops", &TableStats::disk_read_ops)
+      .def_readonly("disk_writes", &TableStats::disk_writes)
       .def("__repr__", [](const TableStats& stats) {
         return "TableStats(num_rows=" + std::to_string(stats.num_rows) +
                ", row_words=" + std::to_string(stats.row_words) + ", rows=" + std::to_string(stats.rows) +
