@@ -205,3 +205,17 @@ def test_torch_save_and_load_of_a_table_carry_the_policy(tmp_path, policy):
     for _ in zip(_steps(weight, seed=4, write_every=4), _steps(loaded, seed=4, write_every=4)):
         assert _held(loaded) == _held(weight)
     assert torch_recdev.table_stats(loaded)["rows"] == 40
+
+
+def test_spill_without_a_disk_directory_is_a_clear_error():
+    """The embedded store's disk directory (set_disk_dir, RECDEV_DISK_DIR) unset: spill=True is refused
+    and the policy stays as it was. (A shard without --disk-dir: test/remote/test_remote_spill.py.)"""
+    before = torch_recdev._C._disk_dir()
+    torch_recdev._C._set_disk_dir("")
+    try:
+        table = ops.init_embedding_table(_name(), 10**9, 8, optimizer=("sgd", {"lr": 0.1}))
+        with pytest.raises(ValueError, match=r"spill=True needs a disk directory .*set_disk_dir.*RECDEV_DISK_DIR"):
+            torch_recdev.set_table_policy(table, max_rows=10, evict="lru", spill=True)
+        assert torch_recdev.table_policy(table)["max_rows"] is None
+    finally:
+        torch_recdev._C._set_disk_dir(before)

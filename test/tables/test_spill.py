@@ -107,19 +107,6 @@ def test_the_policy_reports_spill_and_bad_spill_arguments_are_refused():
     assert torch_recdev.table_policy(table)["spill"] is True  # refused: nothing changed
 
 
-def test_spill_without_a_disk_directory_is_a_clear_error(store_backend):
-    if store_backend != "embedded":
-        pytest.skip("a shard's disk directory is its --disk-dir (test/remote/test_remote_spill.py)")
-    _C._set_disk_dir("")
-    try:
-        table = declare(torch.float32, ("sgd", {"lr": 0.1}))
-        with pytest.raises(ValueError, match=r"spill=True needs a disk directory .*set_disk_dir.*RECDEV_DISK_DIR"):
-            torch_recdev.set_table_policy(table, max_rows=10, evict="lru", spill=True)
-        assert torch_recdev.table_policy(table)["max_rows"] is None
-    finally:
-        torch_recdev.set_disk_dir(torch_recdev._C._disk_dir() or "/tmp")
-
-
 @pytest.mark.parametrize("via", ["ops.save", "torch.save"])
 def test_checkpoints_hold_the_rows_on_disk(tmp_path, via):
     table = declare(torch.float16, ("adagrad", {"lr": 0.1}), max_rows=100, evict="lru", spill=True)
