@@ -22,6 +22,7 @@ import bench_embedding  # noqa: E402
 import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
 import bench_first_touch  # noqa: E402
+import bench_online  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scaling  # noqa: E402
@@ -42,6 +43,7 @@ SUITES = [
     ("Fleets: torchrun trainers on recdev-server shards (issue: fleet training)", bench_fleet.run),
     ("A shard's requests while it checkpoints another table (issue 33)", bench_checkpoint_stall.run),
     ("The disk tier: tables larger than memory (suite disk, issue 35)", bench_disk.run),
+    ("Online learning: incremental checkpoints (suite online, issue 36)", bench_online.run),
 ]
 
 

@@ -36,6 +36,10 @@ __all__ = [
     "emb_delete",
     "save",
     "load",
+    "checkpoint",
+    "restore",
+    "versions",
+    "version_files",
     "connect",
     "store_info",
 ]
@@ -262,3 +266,34 @@ def load(path: str | os.PathLike) -> list[str]:
     truncated or mismatched file is refused and nothing is loaded."""
     pending.wait()
     return list(_C._load_store(os.fspath(path)))
+
+
+def checkpoint(directory: str | os.PathLike) -> int:
+    """Writes the next numbered version of every named table into ``directory`` and returns its
+    number: a base with every row first (1 in an empty directory), then deltas holding only the
+    rows changed since the version before. Each version is one file, written atomically; training
+    goes on while it is written (docs/online.md)."""
+    pending.wait()
+    return int(_C._checkpoint_version(os.fspath(directory)))
+
+
+def restore(directory: str | os.PathLike, version: int | None = None) -> int:
+    """Restores the named tables to the newest version in ``directory`` (or ``version``), exactly
+    as they were when it was written; returns the version restored. A damaged file is refused,
+    naming it, and nothing is loaded."""
+    pending.wait()
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+        raise ValueError(f"version must be a positive int (ops.versions lists them), not {version!r}")
+    restored, _ = _C._restore_version(os.fspath(directory), version)
+    return int(restored)
+
+
+def versions(directory: str | os.PathLike) -> list[int]:
+    """The versions in ``directory`` that ``restore`` can reach, oldest first."""
+    return [int(v) for v in _C._list_versions(os.fspath(directory))]
+
+
+def version_files(directory: str | os.PathLike) -> list[dict]:
+    """Every version file of ``directory``: path, version, kind ("base" or "delta"), bytes and
+    written_unix_ms, ordered by version."""
+    return list(_C._version_files(os.fspath(directory)))

@@ -6,6 +6,7 @@
 
 #include "net/client/remote_store.h"
 #include "python/table_policy_binding.h"
+#include "store/checkpoint_versions.h"
 #include "store/deferred_table.h"
 #include "store/sync_steps.h"
 #include "store/table_handle.h"
@@ -427,6 +428,35 @@ void bind_table_api(py::module_& m) {
   m.def("_load_store", [](const std::string& path) {
     py::gil_scoped_release no_gil;
     return current_store()->load(path);
+  });
+  m.def("_checkpoint_version", [](const std::string& directory) {
+    py::gil_scoped_release no_gil;
+    return current_store()->checkpoint(directory);
+  });
+  m.def("_restore_version", [](const std::string& directory, std::optional<uint64_t> version) {
+    py::gil_scoped_release no_gil;
+    return current_store()->restore(directory, version);
+  });
+  m.def("_list_versions", [](const std::string& directory) {
+    py::gil_scoped_release no_gil;
+    return store::restorable_versions(directory);
+  });
+  m.def("_version_files", [](const std::string& directory) {
+    std::vector<py::dict> files;
+    for (const store::VersionFile& file : store::list_version_files(directory)) {
+      py::dict entry;
+      entry["path"] = file.path;
+      entry["version"] = file.version;
+      entry["kind"] = file.base ? "base" : "delta";
+      entry["bytes"] = file.bytes;
+      entry["written_unix_ms"] = file.written_unix_ms;
+      files.push_back(entry);
+    }
+    return files;
+  });
+  m.def("_wait_version_compaction", [](const std::string& directory) {
+    py::gil_scoped_release no_gil;
+    store::version_writer_for(directory).wait_compaction();
   });
 }
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "crc32.h"
+#include "checkpoint_format.h"
 #include "errors.h"
 #include "file_io.h"
 #include "frequency_sketch.h"
@@ -31,19 +31,13 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'T', 'B'};
 // rounding), and a u64 rounding_seed follows beta2, so that a checkpoint keeps the rounding mode.
 constexpr uint32_t kFormatVersion = 5;
 constexpr uint32_t kPolicyFormatVersion = 4;
-constexpr uint32_t kRoundingFormatVersion = 5;
-constexpr uint32_t kStochasticRoundingFlag = 1;
 constexpr uint32_t kOldestFormatVersion = 2;
-constexpr uint32_t kMaxNameLength = 4096;
 // magic, version, table_count, crc
 constexpr uint64_t kFileFixedBytes = sizeof(kMagic) + 4 + 4 + 4;
 // name_length, num_rows, dim, state_words, init_kind, element type, init a, b, seed, init_stream,
 // optimizer_kind, optimizer flags, 7 optimizer parameters, (rounding_seed from version 5,) optimizer_step,
 // row_count; the smallest section, of the oldest version, bounds the table count.
 constexpr uint64_t kSectionFixedBytes = 4 + 8 + 4 + 4 + 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4 + 7 * 8 + 8 + 8;
-constexpr uint64_t kCrcBytes = 4;
-// Rows are read in batches of about this many bytes.
-constexpr size_t kReadBatchBytes = size_t{1} << 20;
 
 // The policy block's flags (what was a reserved 0 before the disk tier): bit 0 spill, bit 1 a u64
 // max_disk_bytes follows the flags.
@@ -97,20 +91,7 @@ class ByteReader {
   throw StoreError(ErrorCode::Corrupt, "policy block " + problem);
 }
 
-struct StagedTable {
-  CheckpointTableInfo info;
-  RowSet rows;
-};
-
 using HeaderCheck = std::function<void(const CheckpointTableInfo&)>;
-
-[[noreturn]] void corrupt(const std::string& path, const std::string& problem) {
-  throw StoreError(ErrorCode::Corrupt, "checkpoint '" + path + "' " + problem);
-}
-
-std::string label(const std::string& name, size_t index) {
-  return name.empty() ? "table #" + std::to_string(index) : "table '" + name + "'";
-}
 
 // The state width is not part of the shape: it follows the optimizer, which a load restores.
 // The element type is: rows are never loaded as another type.
@@ -124,62 +105,6 @@ std::string shape_text(const TableConfig& config) {
   return "num_rows=" + std::to_string(config.num_rows) + ", dim=" + std::to_string(config.row_words) + dtype;
 }
 
-class ChecksummedWriter {
- public:
-  explicit ChecksummedWriter(const std::string& path) : file_(path) {}
-
-  template <class T>
-  void put(const T& value) {
-    put_bytes(&value, sizeof(T));
-  }
-  void put_bytes(const void* data, size_t size) {
-    crc_ = crc32_update(crc_, data, size);
-    file_.write(data, size);
-    bytes_ += size;
-  }
-  void finish() {
-    file_.write(&crc_, sizeof(crc_));
-    bytes_ += sizeof(crc_);
-    file_.commit();
-  }
-  uint32_t crc() const { return crc_; }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  AtomicFileWriter file_;
-  uint32_t crc_ = 0;
-  uint64_t bytes_ = 0;
-};
-
-class ChecksummedReader {
- public:
-  explicit ChecksummedReader(const std::string& path) : file_(path) {}
-
-  template <class T>
-  T get() {
-    T value;
-    get_bytes(&value, sizeof(T));
-    return value;
-  }
-  void get_bytes(void* out, size_t size) {
-    file_.read(out, size);
-    crc_ = crc32_update(crc_, out, size);
-  }
-  // The checksum of everything read so far, and then the stored one, which it must equal.
-  uint32_t crc() const { return crc_; }
-  uint32_t stored_crc() {
-    uint32_t stored;
-    file_.read(&stored, sizeof(stored));
-    return stored;
-  }
-  uint64_t remaining() const { return file_.remaining(); }
-  uint64_t size() const { return file_.size(); }
-
- private:
-  FileReader file_;
-  uint32_t crc_ = 0;
-};
-
 // Returns the number of rows written.
 uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Table& table) {
   size_t record_bytes = 0;
@@ -188,33 +113,9 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
   std::vector<uint64_t> written;
   table.scan(
       [&](const TableScanHeader& header) {
-        const TableConfig& config = header.config;
-        const OptimizerConfig& optimizer = header.optimizer;
-        out.put(uint32_t(name.size()));
-        out.put_bytes(name.data(), name.size());
-        out.put(config.num_rows);
-        out.put(config.row_words);
-        out.put(config.state_words);
-        out.put(uint32_t(config.init.kind));
-        out.put(uint32_t(config.dtype));
-        out.put(config.init.a);
-        out.put(config.init.b);
-        out.put(config.init.seed);
-        out.put(header.init_stream);
-        out.put(uint32_t(optimizer.kind));
-        out.put(optimizer.stochastic_rounding ? kStochasticRoundingFlag : uint32_t{0});
-        out.put(optimizer.lr);
-        out.put(optimizer.weight_decay);
-        out.put(optimizer.eps);
-        out.put(optimizer.lr_decay);
-        out.put(optimizer.initial_accumulator_value);
-        out.put(optimizer.beta1);
-        out.put(optimizer.beta2);
-        out.put(optimizer.rounding_seed);
-        out.put(header.optimizer_step);
-        out.put(header.row_count);
+        write_section_header(out, name, header);
         rows = header.row_count;
-        record_bytes = (size_t{config.row_words} + config.state_words) * sizeof(float);
+        record_bytes = (size_t{header.config.row_words} + header.config.state_words) * sizeof(float);
       },
       [&](uint64_t row_id, const float* record) {
         out.put(row_id);
@@ -223,17 +124,14 @@ uint64_t write_section(ChecksummedWriter& out, const std::string& name, const Ta
       });
   // The policy as of just after the snapshot: metadata of rows a request added meanwhile is left
   // out (rows it evicted meanwhile are in the file and get fresh metadata at load).
-  std::string block;
-  if (policy) {
-    if (std::optional<TablePolicyState> state = table.policy_state()) {
-      std::sort(written.begin(), written.end());
-      std::erase_if(state->touches,
-                    [&](const RowTouch& row) { return !std::binary_search(written.begin(), written.end(), row.id); });
-      block = encode_policy_state(*state);
-    }
+  std::optional<TablePolicyState> state;
+  if (policy) state = table.policy_state();
+  if (state) {
+    std::sort(written.begin(), written.end());
+    std::erase_if(state->touches,
+                  [&](const RowTouch& row) { return !std::binary_search(written.begin(), written.end(), row.id); });
   }
-  out.put(uint64_t(block.size()));
-  out.put_bytes(block.data(), block.size());
+  write_policy_block(out, state);
   return rows;
 }
 
@@ -246,7 +144,7 @@ CheckpointSummary write_checkpoint(const std::string& path,
                                                        std::to_string(kMaxNameLength) + ")");
     }
   }
-  ChecksummedWriter out(path);
+  ChecksummedWriter out(path, Checksum::Crc32);
   out.put_bytes(kMagic, sizeof(kMagic));
   out.put(kFormatVersion);
   out.put(uint32_t(tables.size()));
@@ -257,122 +155,6 @@ CheckpointSummary write_checkpoint(const std::string& path,
   summary.bytes = out.bytes();
   summary.crc = out.crc();
   return summary;
-}
-
-// A section's header: the table's name, config, init stream, optimizer with its step, and row
-// count, each checked.
-CheckpointTableInfo read_section_header(ChecksummedReader& in, const std::string& path, uint32_t version,
-                                        size_t index) {
-  CheckpointTableInfo info;
-  const uint32_t name_length = in.get<uint32_t>();
-  if (name_length > kMaxNameLength || name_length > in.remaining()) {
-    corrupt(path, "has a table name length of " + std::to_string(name_length) + " bytes");
-  }
-  info.name.resize(name_length);
-  in.get_bytes(info.name.data(), name_length);
-  const std::string table = label(info.name, index);
-  info.config.num_rows = in.get<uint64_t>();
-  info.config.row_words = in.get<uint32_t>();
-  info.config.state_words = in.get<uint32_t>();
-  info.config.init.kind = InitKind(in.get<uint32_t>());
-  const uint32_t dtype = in.get<uint32_t>();
-  if (dtype > kLastElementType) corrupt(path, "has an unknown element type " + std::to_string(dtype) + " in " + table);
-  info.config.dtype = ElementType(dtype);
-  info.config.init.a = in.get<double>();
-  info.config.init.b = in.get<double>();
-  info.config.init.seed = in.get<uint64_t>();
-  info.init_stream = in.get<uint64_t>();
-  info.optimizer.kind = OptimizerKind(in.get<uint32_t>());
-  const uint32_t flags = in.get<uint32_t>();
-  const uint32_t known_flags = version >= kRoundingFormatVersion ? kStochasticRoundingFlag : 0;
-  if ((flags & ~known_flags) != 0) {
-    corrupt(path, "has unknown optimizer flags " + std::to_string(flags) + " in " + table);
-  }
-  info.optimizer.stochastic_rounding = (flags & kStochasticRoundingFlag) != 0;
-  info.optimizer.lr = in.get<double>();
-  info.optimizer.weight_decay = in.get<double>();
-  info.optimizer.eps = in.get<double>();
-  info.optimizer.lr_decay = in.get<double>();
-  info.optimizer.initial_accumulator_value = in.get<double>();
-  info.optimizer.beta1 = in.get<double>();
-  info.optimizer.beta2 = in.get<double>();
-  if (version >= kRoundingFormatVersion) info.optimizer.rounding_seed = in.get<uint64_t>();
-  info.optimizer_step = in.get<uint64_t>();
-  info.row_count = in.get<uint64_t>();
-  try {
-    validate_table_config(info.config);
-  } catch (const StoreError& error) {
-    corrupt(path, "has an invalid config in " + table + ": " + error.what());
-  }
-  try {
-    validate_optimizer(info.optimizer);
-  } catch (const StoreError& error) {
-    corrupt(path, "has an invalid optimizer in " + table + ": " + error.what());
-  }
-  if (info.optimizer.stochastic_rounding && info.config.dtype != ElementType::Float16 &&
-      info.config.dtype != ElementType::BFloat16) {
-    corrupt(path, "has stochastic rounding on the " + std::string(element_type_name(info.config.dtype)) + " rows of " +
-                      table + "; only float16 and bfloat16 rows are rounded");
-  }
-  if (info.optimizer.kind != OptimizerKind::None &&
-      info.config.state_words != optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.row_words)) {
-    corrupt(path,
-            "has " + std::to_string(info.config.state_words) + " state words per row in " + table +
-                ", but its optimizer " + describe(info.optimizer) + " keeps " +
-                std::to_string(optimizer_state_words(info.optimizer.kind, info.config.dtype, info.config.row_words)));
-  }
-  return info;
-}
-
-// A section's rows: each id checked to be in range and not repeated; staged if stage_rows.
-void read_section_rows(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged,
-                       bool stage_rows) {
-  const uint32_t record_words = staged.info.config.row_words + staged.info.config.state_words;
-  const uint64_t row_bytes = sizeof(uint64_t) + uint64_t{record_words} * sizeof(float);
-  if (in.remaining() < kCrcBytes || staged.info.row_count > (in.remaining() - kCrcBytes) / row_bytes) {
-    corrupt(path, "is truncated: " + table + " has " + std::to_string(staged.info.row_count) + " rows of " +
-                      std::to_string(row_bytes) + " bytes but only " + std::to_string(in.remaining()) +
-                      " bytes remain");
-  }
-  const size_t batch_rows = std::max<size_t>(1, kReadBatchBytes / row_bytes);
-  std::vector<std::byte> batch(std::min<uint64_t>(batch_rows, staged.info.row_count) * row_bytes);
-  for (uint64_t done = 0; done < staged.info.row_count;) {
-    const size_t count = size_t(std::min<uint64_t>(batch_rows, staged.info.row_count - done));
-    in.get_bytes(batch.data(), count * row_bytes);
-    for (size_t i = 0; i < count; ++i) {
-      const std::byte* row = batch.data() + i * row_bytes;
-      uint64_t row_id;
-      std::memcpy(&row_id, row, sizeof(row_id));
-      if (row_id >= staged.info.config.num_rows) {
-        corrupt(path, "has row id " + std::to_string(row_id) + " in " + table + ", outside [0, " +
-                          std::to_string(staged.info.config.num_rows) + ")");
-      }
-      if (stage_rows && !staged.rows.insert(row_id, reinterpret_cast<const float*>(row + sizeof(row_id)))) {
-        corrupt(path, "holds row " + std::to_string(row_id) + " of " + table + " twice");
-      }
-    }
-    done += count;
-  }
-}
-
-// A section's policy block (format 3 and later), decoded into staged.info.policy.
-void read_policy_block(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged) {
-  if (in.remaining() < sizeof(uint64_t) + kCrcBytes) corrupt(path, "is truncated in the policy block of " + table);
-  const uint64_t policy_bytes = in.get<uint64_t>();
-  if (policy_bytes > in.remaining() - kCrcBytes) {
-    corrupt(path, "is truncated: the policy block of " + table + " has " + std::to_string(policy_bytes) +
-                      " bytes but only " + std::to_string(in.remaining()) + " bytes remain");
-  }
-  if (policy_bytes != 0) {
-    std::string block(policy_bytes, '\0');
-    in.get_bytes(block.data(), block.size());
-    try {
-      staged.info.policy =
-          decode_policy_state(block.data(), block.size(), staged.info.config.num_rows, staged.info.row_count);
-    } catch (const StoreError& error) {
-      corrupt(path, "has a bad policy block in " + table + ": " + error.what());
-    }
-  }
 }
 
 // Reads one section. check_header sees the header before any row is read; rows are staged only if
@@ -390,7 +172,7 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
 }
 
 std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCheck& check_header, bool stage_rows) {
-  ChecksummedReader in(path);
+  ChecksummedReader in(path, Checksum::Crc32);
   if (in.size() < kFileFixedBytes) {
     corrupt(path, "is too small to be a checkpoint (" + std::to_string(in.size()) + " bytes)");
   }
@@ -437,6 +219,32 @@ void install_staged(Table& table, StagedTable& staged) {
 }
 
 }  // namespace
+
+std::vector<std::string> install_into_store(const std::string& path, std::vector<StagedTable>& staged, Store& store) {
+  for (const StagedTable& table : staged) {
+    if (const auto id = store.find(table.info.name)) {
+      const TableConfig existing = store.table(*id)->config();
+      if (!same_shape(table.info.config, existing)) {
+        corrupt(path, "holds table '" + table.info.name + "' with " + shape_text(table.info.config) +
+                          ", but the store's table of that name has " + shape_text(existing));
+      }
+    }
+  }
+  // Every section is verified; only now are tables created and filled.
+  std::vector<std::shared_ptr<Table>> targets;
+  targets.reserve(staged.size());
+  for (const StagedTable& table : staged) {
+    const auto id = store.find(table.info.name);
+    targets.push_back(store.table(id ? *id : store.create_named_table(table.info.name, table.info.config)));
+  }
+  std::vector<std::string> names;
+  names.reserve(staged.size());
+  for (size_t i = 0; i < staged.size(); ++i) {
+    install_staged(*targets[i], staged[i]);
+    names.push_back(staged[i].info.name);
+  }
+  return names;
+}
 
 std::string encode_policy_state(const TablePolicyState& state) {
   ByteWriter out;
@@ -583,20 +391,7 @@ std::vector<std::string> load_store(const std::string& path, Store& store) {
         }
       },
       true);
-  // Every section is verified; only now are tables created and filled.
-  std::vector<std::shared_ptr<Table>> targets;
-  targets.reserve(staged.size());
-  for (const StagedTable& table : staged) {
-    const auto id = store.find(table.info.name);
-    targets.push_back(store.table(id ? *id : store.create_named_table(table.info.name, table.info.config)));
-  }
-  std::vector<std::string> names;
-  names.reserve(staged.size());
-  for (size_t i = 0; i < staged.size(); ++i) {
-    install_staged(*targets[i], staged[i]);
-    names.push_back(staged[i].info.name);
-  }
-  return names;
+  return install_into_store(path, staged, store);
 }
 
 std::vector<CheckpointTableInfo> read_checkpoint_info(const std::string& path) {

@@ -61,27 +61,40 @@ std::string temp_path_for(const std::string& path) {
 
 // Calls visit(directory fd, name, what follows ".tmp.", its stat) for each regular file of path's
 // directory named as a temporary file of path.
+// With an empty prefix: every temporary file of the directory (the suffix is what follows the last
+// ".tmp.").
 template <class Visit>
-void for_each_temp_file(const std::string& path, Visit visit) {
-  const std::string directory = directory_of(path);
-  const std::string prefix = base_name_of(path) + kTempInfix;
+void for_each_temp_file_in(const std::string& directory, const std::string& prefix, Visit visit) {
   DIR* listing = ::opendir(directory.c_str());
   if (listing == nullptr) io_error("cannot list directory", directory, errno);
   try {
     while (const dirent* entry = ::readdir(listing)) {
       const std::string name = entry->d_name;
-      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      size_t suffix_at;
+      if (prefix.empty()) {
+        const size_t infix = name.rfind(kTempInfix);
+        if (infix == std::string::npos) continue;
+        suffix_at = infix + sizeof(kTempInfix) - 1;
+      } else {
+        if (name.compare(0, prefix.size(), prefix) != 0) continue;
+        suffix_at = prefix.size();
+      }
       struct stat status;
       if (::fstatat(::dirfd(listing), name.c_str(), &status, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(status.st_mode)) {
         continue;
       }
-      visit(::dirfd(listing), name, name.substr(prefix.size()), status);
+      visit(::dirfd(listing), name, name.substr(suffix_at), status);
     }
   } catch (...) {
     ::closedir(listing);
     throw;
   }
   ::closedir(listing);
+}
+
+template <class Visit>
+void for_each_temp_file(const std::string& path, Visit visit) {
+  for_each_temp_file_in(directory_of(path), base_name_of(path) + kTempInfix, visit);
 }
 
 // Whether a temporary file named HOST.PID.N (after ".tmp.") belongs to a writer that is gone: one on
@@ -195,6 +208,17 @@ void AtomicFileWriter::commit() {
     io_error("cannot rename '" + temp_path_ + "' to", path_, error);
   }
   fsync_directory(directory_of(path_));
+}
+
+void remove_dead_temp_files_in(const std::string& directory) {
+  try {
+    for_each_temp_file_in(
+        directory, "", [](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
+          if (writer_is_gone(suffix, status)) ::unlinkat(dir_fd, name.c_str(), 0);
+        });
+  } catch (const StoreError&) {
+    // An unlistable directory: the write that follows reports what is wrong with it.
+  }
 }
 
 RemovedFiles remove_stale_temp_files(const std::string& path) {

@@ -47,6 +47,10 @@ struct RemovedFiles {
   uint64_t bytes = 0;
 };
 RemovedFiles remove_stale_temp_files(const std::string& path);
+// Removes the temporary files in `directory` whose writers are gone (their process is not running on
+// this host): for directories of many files, such as checkpoint versions, that live writers may be
+// writing to. Best effort.
+void remove_dead_temp_files_in(const std::string& directory);
 
 class FileReader {
  public:

@@ -1,6 +1,7 @@
 #include "local_store.h"
 
 #include "checkpoint.h"
+#include "checkpoint_versions.h"
 #include "errors.h"
 
 namespace recdev::store {
@@ -102,6 +103,13 @@ void EmbeddedStoreClient::free_table(TableHandle& table) noexcept {
 
 void EmbeddedStoreClient::save(const std::string& path) { save_store(path, store_); }
 std::vector<std::string> EmbeddedStoreClient::load(const std::string& path) { return load_store(path, store_); }
+uint64_t EmbeddedStoreClient::checkpoint(const std::string& directory) {
+  return checkpoint_store_version(directory, store_);
+}
+std::pair<uint64_t, std::vector<std::string>> EmbeddedStoreClient::restore(const std::string& directory,
+                                                                           std::optional<uint64_t> version) {
+  return restore_version(directory, version, store_);
+}
 
 std::string EmbeddedStoreClient::kind() const { return "embedded"; }
 std::vector<std::string> EmbeddedStoreClient::servers() const { return {}; }

@@ -76,6 +76,9 @@ class EmbeddedStoreClient final : public StoreClient {
 
   void save(const std::string& path) override;
   std::vector<std::string> load(const std::string& path) override;
+  uint64_t checkpoint(const std::string& directory) override;
+  std::pair<uint64_t, std::vector<std::string>> restore(const std::string& directory,
+                                                        std::optional<uint64_t> version) override;
 
   std::string kind() const override;
   std::vector<std::string> servers() const override;

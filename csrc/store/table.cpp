@@ -116,6 +116,7 @@ float* Table::materialize(Shard& shard, uint64_t row_id, uint64_t hash, const Ro
   if (created) {
     fill_record(row_id, record, back);
     note_materialized(row_id, record);
+    note_changed(shard, row_id);
   }
   return record;
 }
@@ -243,6 +244,7 @@ void Table::spill_row(Shard& shard, uint64_t row_id, uint64_t hash) {
 void Table::erase_row(Shard& shard, uint64_t row_id, uint64_t hash) {
   const RowIndex::Erased erased = shard.rows.erase(row_id, hash);
   if (!erased.found) return;
+  note_changed(shard, row_id);
   materialized_.fetch_sub(1, std::memory_order_relaxed);
   if (direct_.built()) {
     direct_.set(row_id, nullptr);

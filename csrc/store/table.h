@@ -78,6 +78,7 @@
 #include "disk_tier.h"
 #include "element_type.h"
 #include "embedding_bag.h"
+#include "flat_id_map.h"
 #include "init_rule.h"
 #include "optimizer.h"
 #include "row_index.h"
@@ -169,6 +170,10 @@ class RowSet {
   // threads for a large n. Returns the position of the first id that repeats an earlier one (the
   // set then holds an unspecified part of the rows), or nullopt.
   std::optional<size_t> insert_all(const uint64_t* ids, const float* records, size_t n);
+  // Adds the row or replaces its record (an incremental checkpoint's replay).
+  void put(uint64_t row_id, const float* record);
+  bool erase(uint64_t row_id);  // whether it was there
+  size_t size() const;
   // fn(row_id, record) for every row, in no particular order.
   template <class Fn>
   void for_each(Fn&& fn) const {
@@ -186,6 +191,21 @@ class RowSet {
 struct TableSnapshot {
   TableScanHeader header;
   RowSet rows;
+};
+
+// What a table changed since a change chain's previous cut (Table::cut_changes), or all of it: the
+// unit of an incremental checkpoint (checkpoint_versions.h).
+struct TableCut {
+  TableScanHeader header;  // row_count = ids.size()
+  // The rows are every row the table holds (the chain's first cut, or the first since a wholesale
+  // change); otherwise they are the rows changed since the chain's previous cut, and `erased` the rows
+  // dropped since (erased, evicted, or never kept).
+  bool whole = false;
+  std::vector<uint64_t> ids;
+  std::vector<float> records;  // ids.size() x record words: weight, then optimizer state
+  std::vector<uint64_t> erased;
+  // The policy's config, clocks and sketch, with the touch metadata of `ids` only (in eviction order).
+  std::optional<TablePolicyState> policy;
 };
 
 class Table {
@@ -337,6 +357,20 @@ class Table {
   // (a memory copy, on several threads for a large table) instead of row by row.
   TableSnapshot snapshot() const;
 
+  // ---- Incremental checkpoints ----
+
+  // A point-in-time cut of the table for the change chain `chain` (any nonzero id its writer picks):
+  // the rows changed since the chain's previous cut, or every row when the chain has none (its first
+  // cut, or the first after a wholesale change: set_init, install, reset, set_policy, an optimizer
+  // that re-lays the records). Holds the table's view locks only while it copies the changed rows
+  // (and reads those on disk); tracking costs one hash insert per changed row while a chain exists.
+  // A table follows at most kMaxChangeChains chains; a new one beyond that drops the one cut longest
+  // ago, whose next cut is then whole.
+  TableCut cut_changes(uint64_t chain) const;
+  // Stops tracking for a chain (its writer failed to record a cut): its next cut is whole.
+  void forget_change_chain(uint64_t chain) const;
+  static constexpr size_t kMaxChangeChains = 8;
+
   // Replaces all rows, the init rule, the init stream, the optimizer and its step at once. The rows'
   // records must be row_words + state words, with state = optimizer_state_words(optimizer.kind, dtype, row_words)
   // unless optimizer.kind is None (then any width); state_words becomes that width. The table's old
@@ -347,9 +381,13 @@ class Table {
  private:
   enum class MissPolicy { Materialize, ComputeInit };
 
+  // Row id -> the change generation in which the row last changed (cut_changes).
+  using ChangedRows = FlatIdMap<uint64_t, 50>;
+
   struct alignas(64) Shard {  // one cache line apart, so sub-shard locks do not false-share
     mutable std::shared_mutex mutex;
     RowIndex rows;
+    ChangedRows changed;  // rows of this sub-shard changed while a change chain exists
   };
 
   // A block of a batch's rows found in batch order (find_in_batch_order): the read locks of every
@@ -442,6 +480,16 @@ class Table {
   bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
                      float* out, int64_t* max_positions, LockedRecords& found) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
+  // Records that a row's record, presence or place changed, for the change chains; under its
+  // sub-shard's write lock.
+  void note_changed(Shard& shard, uint64_t row_id) const {
+    if (tracking_changes_) shard.changed.insert(row_id, change_generation_);
+  }
+  // Every change chain dropped (their next cuts are whole); under every sub-shard's write lock.
+  void forget_change_chains() const;
+  // The changed rows' ids for a chain last cut at `since`, sorted; drops what no chain needs any more.
+  // Under lock_for_view.
+  std::vector<uint64_t> take_changed_ids(uint64_t since, uint64_t prune_upto) const;
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash, const RowsReadBack* back = nullptr) const;
   // Records that a row was materialized; under its sub-shard's write lock.
@@ -524,6 +572,14 @@ class Table {
   std::atomic<bool> has_policy_{false};  // policy_ != null, read without the lock by requests
   // With spill: changed under policy_mutex_ and every sub-shard's write lock, read under either.
   std::unique_ptr<DiskTier> disk_;
+  // Change chains (cut_changes): chain -> the generation of its last cut. Changed under lock_for_view
+  // or every sub-shard's write lock; read under any sub-shard lock.
+  mutable std::vector<std::pair<uint64_t, uint64_t>> change_chains_;
+  mutable bool tracking_changes_ = false;  // !change_chains_.empty()
+  mutable uint64_t change_generation_ = 1;
+  // Rows whose touch metadata a policed request changed (with no change to their record), under
+  // policy_mutex_, while a chain exists.
+  mutable ChangedRows policy_changed_;
   mutable std::atomic<uint64_t> last_bytes_{0};  // stats().bytes when last counted (memory_bytes)
   mutable std::atomic<uint64_t> reads_{0};
   std::atomic<uint64_t> writes_{0};

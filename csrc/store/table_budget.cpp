@@ -54,6 +54,9 @@ void Table::decide(PolicyPass& pass, const uint64_t* ids, size_t n, Touch touch)
     if (!on_disk.empty()) back = disk_->read_back(on_disk.data(), on_disk.size());
   });
   if (disk_ && policy_->config().evict == EvictKind::Ttl) keep_expired_rows_of_request(decision);
+  if (tracking_changes_) {
+    for (size_t i = 0; i < n; ++i) policy_changed_.insert(ids[i], change_generation_);
+  }
   {
     std::shared_lock<std::shared_mutex> request(request_mutex_);
     evict_and_admit(decision.victims, decision.admitted, disk_ ? &back : nullptr);
@@ -132,6 +135,8 @@ void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vec
         continue;
       }
       if (direct_.built()) direct_.set(victim_id, nullptr);
+      note_changed(shard, victim_id);
+      note_changed(shard, row_id);
       fill_record(row_id, record, back);
       if (direct_.built()) direct_.set(row_id, record);
     }
@@ -180,6 +185,12 @@ void Table::check_policy(const uint64_t* ids, size_t n, Touch touch) {
 void Table::set_policy(const TablePolicyConfig& config) {
   validate_policy(config);
   std::lock_guard<std::mutex> lock(policy_mutex_);
+  {
+    // Every row's touch metadata may change (adopted, or gone with the policy).
+    std::shared_lock<std::shared_mutex> request(request_mutex_);
+    const auto locks = lock_all_shards();
+    forget_change_chains();
+  }
   configure_disk_tier(config);
   if (!config.active()) {
     policy_.reset();
@@ -244,6 +255,7 @@ void Table::restore_policy_state(const TablePolicyState& state) {
   {
     const auto locks = lock_all_shards();
     ids = materialized_ids();
+    forget_change_chains();
   }
   // Metadata of rows the table no longer holds is dropped; rows without metadata are adopted.
   std::vector<RowTouch> kept;

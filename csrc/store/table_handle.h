@@ -150,6 +150,12 @@ class StoreClient {
   // format of checkpoint.h. load returns the names loaded.
   virtual void save(const std::string& path) = 0;
   virtual std::vector<std::string> load(const std::string& path) = 0;
+  // Incremental checkpoints (checkpoint_versions.h) in a directory on this machine: checkpoint writes
+  // the next version of every named table and returns its number; restore loads the newest version
+  // (or the one given) and returns it with the names loaded.
+  virtual uint64_t checkpoint(const std::string& directory) = 0;
+  virtual std::pair<uint64_t, std::vector<std::string>> restore(const std::string& directory,
+                                                                std::optional<uint64_t> version) = 0;
 
   // "embedded", or "remote"; the servers (empty when embedded).
   virtual std::string kind() const = 0;

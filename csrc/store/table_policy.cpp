@@ -472,6 +472,22 @@ std::vector<RowTouch> TablePolicy::touches(double now) const {
   return out;
 }
 
+std::vector<RowTouch> TablePolicy::touches_of(const std::vector<uint64_t>& ids, double now) const {
+  std::vector<RowTouch> out;
+  if (!keeps_touches()) return out;
+  for (const uint64_t id : ids) {
+    if (const Meta* meta = rows_.find(id))
+      out.push_back(RowTouch{id, meta->tick, meta->step, now - meta->time, meta->score});
+  }
+  // A walk's order: the log's is by tick (a touch takes the next tick, and only a row's newest entry
+  // is live); the keys' is theirs.
+  std::sort(out.begin(), out.end(), [&](const RowTouch& a, const RowTouch& b) {
+    if (uses_keys()) return Key{a.score, a.tick, a.id} < Key{b.score, b.tick, b.id};
+    return a.tick < b.tick;
+  });
+  return out;
+}
+
 void TablePolicy::restore(const std::vector<RowTouch>& touches, const Clocks& clocks,
                           const std::vector<uint16_t>* sketch, uint64_t sketch_since_aging, double now) {
   clear();

@@ -167,6 +167,9 @@ class TablePolicy {
   // Checkpoints: every row's touch metadata (in eviction order, time as the age at `now`), the clocks
   // and counters, the sketch.
   std::vector<RowTouch> touches(double now) const;
+  // The touch metadata of those of `ids` (distinct) that have some, in eviction order, as touches()
+  // lists them: an incremental checkpoint's share of it.
+  std::vector<RowTouch> touches_of(const std::vector<uint64_t>& ids, double now) const;
   struct Clocks {
     uint64_t tick, step, evicted, admitted, pending;
   };

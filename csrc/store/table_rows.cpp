@@ -164,6 +164,7 @@ void Table::write_rows(const uint64_t* ids, size_t n, const std::byte* rows) {
         shard.rows, end - begin, row_bytes, [&](size_t k) { return route.hash(begin + k); }, [](size_t) {},
         [&](size_t k, float* found) {
           const size_t position = route.position(begin + k);
+          note_changed(shard, ids[position]);
           if (found != nullptr) {
             std::memcpy(found, rows + position * row_bytes, row_bytes);
             return;
@@ -184,6 +185,7 @@ void Table::write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, c
   Shard& shard = shards_[shard_of(hash)];
   std::unique_lock<std::shared_mutex> lock(shard.mutex);
   std::memcpy(reinterpret_cast<std::byte*>(materialize(shard, row_id, hash)) + byte_in_row, data, nbytes);
+  note_changed(shard, row_id);
   writes_.fetch_add(1, std::memory_order_relaxed);
 }
 

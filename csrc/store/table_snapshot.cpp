@@ -28,6 +28,23 @@ bool RowSet::insert(uint64_t row_id, const float* record) {
   return created;
 }
 
+void RowSet::put(uint64_t row_id, const float* record) {
+  const uint64_t hash = hash_row_id(row_id);
+  std::memcpy(shards_[shard_of(hash)].find_or_insert(row_id, hash).first, record,
+              size_t{record_words_} * sizeof(float));
+}
+
+bool RowSet::erase(uint64_t row_id) {
+  const uint64_t hash = hash_row_id(row_id);
+  return shards_[shard_of(hash)].erase(row_id, hash).found;
+}
+
+size_t RowSet::size() const {
+  size_t rows = 0;
+  for (const RowIndex& shard : shards_) rows += shard.size();
+  return rows;
+}
+
 std::optional<size_t> RowSet::insert_all(const uint64_t* ids, const float* records, size_t n) {
   const ShardRoute route(ids, n);
   const size_t record_bytes = size_t{record_words_} * sizeof(float);
@@ -117,6 +134,7 @@ void Table::set_init(const InitRule& rule) {
   // A moved-from RowIndex is empty, with the same record width.
   for (Shard& shard : shards_) dropped.push_back(std::move(shard.rows));
   drop_disk_rows();
+  forget_change_chains();
   reindex_all_rows();
   init_ = rule;
 }
@@ -162,6 +180,7 @@ void Table::install(RowSet& rows, const InitRule& init, uint64_t init_stream, co
   std::unique_lock<std::mutex> init_lock(init_mutex_);
   for (size_t s = 0; s < kNumShards; ++s) std::swap(shards_[s].rows, rows.shards_[s]);
   reindex_all_rows();
+  forget_change_chains();
   state_words_ = state_words;
   record_words_ = rows.record_words();
   rows.record_words_ = row_words_ + state_words_;  // what the old rows now held by `rows` are

@@ -76,6 +76,7 @@ void Table::set_optimizer(const OptimizerConfig& config) {
   auto locks = lock_all_shards();
   if (relaid_disk) disk_ = std::move(relaid_disk);
   const bool kind_changed = config.kind != optimizer_.kind;
+  if (kind_changed || new_state_words != state_words_) forget_change_chains();
   if (new_state_words != state_words_) {
     // Build every new sub-shard before changing any, so that running out of memory leaves the table
     // as it was.
@@ -314,6 +315,7 @@ void Table::apply_update(Shard& shard, const std::vector<typename CoalescedGradi
       [&](size_t k, float* found) {
         const auto& row = rows[k];
         float* record = found != nullptr ? found : materialize(shard, row.id, row.hash);
+        note_changed(shard, row.id);
         if constexpr (std::is_same_v<G, double>) {
           std::memcpy(scratch.data(), record, elements_ * sizeof(double));
           std::memcpy(state.data(), record + row_words_, state_words * sizeof(float));

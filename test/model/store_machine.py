@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import torch_recdev
-from torch_recdev import local_shards, ops
+from torch_recdev import _C, local_shards, ops
 
 from reference import DTYPES, Policy, Refused, TableModel, full_opt, restore, ulp
 
@@ -93,6 +93,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.tmp = tempfile.mkdtemp(prefix="recdev-model-")
         self.ckpt = None  # (path, {name: TableModel}) of the last ops.save
         self.tsaved = {}  # name -> (torch.save bytes, TableModel)
+        # Incremental checkpoints (ops.checkpoint): the directory, and each version's tables as written.
+        self.vdir = os.path.join(self.tmp, "versions")
+        self.versions: dict[int, dict[str, TableModel]] = {}
         self.servers = None
         if self.remote:
             self.ckpt_dirs = [os.path.join(self.tmp, f"shard{s}") for s in range(2)]
@@ -353,6 +356,37 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             names = ops.load(path)
             assert {self.full(n) for n in saved} <= set(names)
+            for n, s in saved.items():
+                self.models[n] = restore(s, self.models.get(n))
+                if n not in self.handles:
+                    self.handles[n] = ops.init_embedding_table(self.full(n), s.rows, s.dim, dtype=DTYPES[s.dtype])
+        self.check_all()
+
+    @rule()
+    def checkpoint_version(self):
+        """ops.checkpoint writes the next version, a base or a delta of what changed since the last."""
+        version = ops.checkpoint(self.vdir)
+        _C._wait_version_compaction(self.vdir)  # the versions a restore can reach then stay put
+        assert version == max(self.versions, default=0) + 1
+        self.versions[version] = {n: m.snapshot() for n, m in self.models.items()}
+        self.check_all()
+
+    @precondition(lambda self: self.versions)
+    @rule(data=st.data())
+    def restore_version(self, data):
+        """Restoring any version the directory still has gives exactly the tables as they were when it
+        was written, whatever ran in between (resets, deletes, evictions, spills, other versions)."""
+        reachable = sorted(set(ops.versions(self.vdir)) & set(self.versions))
+        assert reachable and reachable[-1] == max(self.versions), (ops.versions(self.vdir), sorted(self.versions))
+        version = data.draw(st.sampled_from(reachable))
+        saved = self.versions[version]
+        mismatch = [n for n, s in saved.items() if n in self.models and
+                    (self.models[n].rows, self.models[n].dim, self.models[n].dtype) != (s.rows, s.dim, s.dtype)]
+        if mismatch:
+            with pytest.raises(ValueError):
+                ops.restore(self.vdir, version)
+        else:
+            assert ops.restore(self.vdir, version) == version
             for n, s in saved.items():
                 self.models[n] = restore(s, self.models.get(n))
                 if n not in self.handles:

@@ -78,7 +78,7 @@ MESSAGES = {
     "GET_POLICY_STATE": [TABLE],
     "RESTORE_POLICY": [TABLE, ("policy_state", "u8[]", lambda ctx: ctx["policy_state"])],
     "CHECK_POLICY": [TABLE, ("touch", "u8", 0), IDS],
-    "DUMP": [TABLE, ("snapshot_id", "u64", 0), ("max_rows", "u32", 10)],
+    "DUMP": [TABLE, ("snapshot_id", "u64", 0), ("max_rows", "u32", 10), ("chain", "u64", 0)],
     "BEGIN_LOAD": [("name", "string", ""), TABLE] + CONFIG + [("init_stream", "u64", 0)] + NO_OPTIMIZER
                   + [("optimizer_step", "u64", 0), ("policy_state", "u8[]", [])],
     "LOAD_ROWS": [LOAD, ("ids", "u64[]", [5, 6]), ("records", "f32[]", [1.0] * (2 * DIM))],

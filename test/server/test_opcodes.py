@@ -256,8 +256,8 @@ def test_dump_and_staged_load(conn, server):
     assert header["total_rows"] == 4 and header["record_words"] == 3 * DIM
     assert sorted(dumped_ids.tolist()) == sorted(ids.tolist())
     assert header["table"]["optimizer_step"] == 1
-    expect_error(conn, "InvalidArgument", "DUMP", u64(table) + u64(0) + u32(0), "max_rows")
-    expect_error(conn, "NotFound", "DUMP", u64(table) + u64(123456) + u32(5), "snapshot")
+    expect_error(conn, "InvalidArgument", "DUMP", u64(table) + u64(0) + u32(0) + u64(0), "max_rows")
+    expect_error(conn, "NotFound", "DUMP", u64(table) + u64(123456) + u32(5) + u64(0), "snapshot")
 
     # Load the dump into a new named table, then into the same one over changed rows.
     desc = header["table"]

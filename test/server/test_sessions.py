@@ -69,7 +69,7 @@ def test_staged_loads_and_snapshots_freed_with_the_session(server):
     with server.connect() as c:
         named = c.open_named("sessions.dumped", 10**6, 16)["table_id"]
         c.write(named, np.arange(2000), np.ones((2000, 16)))
-        c.call("DUMP", u64(named) + u64(0) + u32(1))  # a snapshot left unfinished
+        c.call("DUMP", u64(named) + u64(0) + u32(1) + u64(0))  # a snapshot left unfinished
         load = wire.Reader(c.call("BEGIN_LOAD", string("sessions.loaded") + u64(0) + config(10**6, 16) + u64(0)
                                   + optimizer() + u64(0) + wire.NO_POLICY_STATE)).u64()
         c.call("LOAD_ROWS", u64(load) + array(np.arange(1000), np.uint64) + array(np.ones(16000), np.float32))

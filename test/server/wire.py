@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 10
+VERSION = 11
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
@@ -347,18 +347,23 @@ class Connection:
         r.end()
         return out
 
-    def dump_all(self, table, max_rows=1000):
-        """Every (id, record) of a table through DUMP, and the last response's header."""
-        snapshot, ids, records, header = 0, [], [], None
+    def dump_all(self, table, max_rows=1000, chain=0):
+        """Every (id, record) of a table through DUMP (or of the change chain's cut), and the last
+        response's header with the cut's whole flag, erased ids and policy state."""
+        snapshot, ids, records, erased, header, policy = 0, [], [], [], None, b""
         while True:
-            r = Reader(self.call("DUMP", u64(table) + u64(snapshot) + u32(max_rows)))
+            r = Reader(self.call("DUMP", u64(table) + u64(snapshot) + u32(max_rows) + u64(chain)))
             snapshot = r.u64()
             header = dict(table=r.description(), total_rows=r.u64(), record_words=r.u32())
             ids.append(r.array(np.uint64))
             records.append(r.array(np.float32))
             done = r.u8()
+            header["whole"] = bool(r.u8())
+            erased.append(r.array(np.uint64))
+            policy = policy or r.array(np.uint8).tobytes()
             r.end()
             if done:
                 break
         width = header["record_words"]
+        header.update(erased=np.concatenate(erased), policy_state=policy)
         return np.concatenate(ids), np.concatenate(records).reshape(-1, width), header

@@ -2,8 +2,6 @@
 (per shard, on a remote store). Each test races one kind of request against ops.save on purpose and
 then inspects every file saved."""
 
-import importlib.util
-import pathlib
 import threading
 import time
 
@@ -12,32 +10,13 @@ import pytest
 import torch
 
 import torch_recdev
+from shard_groups import shard_groups
 from torch_recdev import ops
 
 ROWS, DIM = 100_000, 16
 # A tear needs the save to pass the request between two of its sub-shard locks: rare per save, so
 # each test saves as often as it can for a while (about 20 saves a second here).
 RACE_SECONDS, MAX_SAVES = 6.0, 150
-
-
-def _wire():
-    """The wire protocol's Python twin (test/server/wire.py), for owner_shard."""
-    path = pathlib.Path(__file__).parents[1] / "server" / "wire.py"
-    spec = importlib.util.spec_from_file_location("recdev_test_wire", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def shard_groups(name, ids):
-    """The ids each shard owns (one group for the embedded store): the unit a snapshot is atomic for."""
-    num_shards = torch_recdev.store_info()["shards"] or 1
-    if num_shards == 1:
-        return [ids]
-    wire = _wire()
-    key = wire.route_key_of_name(name)
-    owners = np.array([wire.owner_shard(key, int(i), num_shards) for i in ids])
-    return [ids[owners == shard] for shard in range(num_shards)]
 
 
 @pytest.fixture

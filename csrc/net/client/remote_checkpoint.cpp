@@ -5,6 +5,7 @@
 
 #include "remote_transfer.h"
 #include "store/checkpoint.h"
+#include "store/checkpoint_versions.h"
 #include "store/errors.h"
 #include "store/store.h"
 
@@ -65,9 +66,8 @@ void save_checkpoint(RemoteSession& session, const std::string& path) {
   store::save_store(path, local);
 }
 
-std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path) {
-  store::Store local;
-  const std::vector<std::string> names = store::load_store(path, local);
+// The named tables of `local` onto the shards, as a staged load committed on every shard.
+void load_from_local(RemoteSession& session, store::Store& local, const std::vector<std::string>& names) {
   RemoteSession::Lease lease(session);
   std::vector<std::unique_ptr<TableLoad>> loads;
   std::vector<const TableLoad*> staged;
@@ -91,7 +91,54 @@ std::vector<std::string> load_checkpoint(RemoteSession& session, const std::stri
     abort_loads(session, lease, staged);
     throw;
   }
+}
+
+std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path) {
+  store::Store local;
+  const std::vector<std::string> names = store::load_store(path, local);
+  load_from_local(session, local, names);
   return names;
+}
+
+uint64_t save_version(RemoteSession& session, const std::string& directory) {
+  RemoteSession::Lease lease(session);
+  const auto tables = named_tables(session, lease);
+  store::VersionSource source;
+  source.cut = [&](uint64_t chain) {
+    std::vector<store::NamedCut> cuts;
+    for (const auto& [name, ids] : tables) {
+      const std::string label = "table '" + name + "'";
+      std::optional<store::TableCut> cut = dump_cut(session, lease, ids, label, chain);
+      if (!cut) {
+        // Every row instead, as ops.save takes it (a later delta may repeat some of them).
+        store::TableSnapshot snapshot = dump_snapshot(session, lease, ids, label);
+        cut.emplace();
+        cut->header = snapshot.header;
+        cut->whole = true;
+        const size_t record_words = snapshot.rows.record_words();
+        snapshot.rows.for_each([&](uint64_t id, const float* record) {
+          cut->ids.push_back(id);
+          cut->records.insert(cut->records.end(), record, record + record_words);
+        });
+        cut->header.row_count = cut->ids.size();
+        cut->policy = fetch_policy_state(session, lease, ids, snapshot.header.config.num_rows, label);
+      }
+      cuts.push_back(store::NamedCut{name, std::move(*cut)});
+    }
+    return cuts;
+  };
+  // A chain the shards are never asked for again is dropped there once kMaxChangeChains newer ones
+  // exist; until then it keeps change tracking on.
+  source.forget = [](uint64_t) {};
+  return store::version_writer_for(directory).write(source);
+}
+
+std::pair<uint64_t, std::vector<std::string>> restore_version(RemoteSession& session, const std::string& directory,
+                                                              std::optional<uint64_t> version) {
+  store::Store local;
+  auto restored = store::restore_version(directory, version, local);
+  load_from_local(session, local, restored.second);
+  return restored;
 }
 
 }  // namespace recdev::net

@@ -10,7 +10,10 @@
 // Both hold the named tables' materialized rows in client memory while they run.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remote_session.h"
@@ -20,5 +23,13 @@ namespace recdev::net {
 void save_checkpoint(RemoteSession& session, const std::string& path);
 // The names of the tables loaded.
 std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path);
+
+// Incremental versions (store/checkpoint_versions.h) in a directory on the client machine, the same
+// files the embedded store writes: each shard cuts its changes (DUMP with a chain), the client merges
+// them and writes the version. Restore replays the version in a private store and loads it as
+// load_checkpoint does.
+uint64_t save_version(RemoteSession& session, const std::string& directory);
+std::pair<uint64_t, std::vector<std::string>> restore_version(RemoteSession& session, const std::string& directory,
+                                                              std::optional<uint64_t> version);
 
 }  // namespace recdev::net

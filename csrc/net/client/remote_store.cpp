@@ -174,5 +174,10 @@ void RemoteStoreClient::commit_step(const std::vector<store::TableHandle*>& tabl
 }
 
 std::vector<std::string> RemoteStoreClient::load(const std::string& path) { return load_checkpoint(*session_, path); }
+uint64_t RemoteStoreClient::checkpoint(const std::string& directory) { return save_version(*session_, directory); }
+std::pair<uint64_t, std::vector<std::string>> RemoteStoreClient::restore(const std::string& directory,
+                                                                         std::optional<uint64_t> version) {
+  return restore_version(*session_, directory, version);
+}
 
 }  // namespace recdev::net

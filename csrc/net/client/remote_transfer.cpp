@@ -22,17 +22,19 @@ uint32_t rows_per_frame(uint32_t record_words) {
   return uint32_t(std::clamp<size_t>((kMaxPayloadBytes / 2) / row_bytes, 1, UINT32_MAX));
 }
 
-}  // namespace
-
-void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<uint64_t>& shard_table_ids,
-                const std::string& label, const std::function<void(const store::TableScanHeader&)>& on_header,
-                const std::function<void(uint64_t, const float*)>& on_row) {
+// dump_table of a cut (chain != 0) or of every row (0); on_part sees each response, for what a cut
+// adds to the rows.
+void dump_parts(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<uint64_t>& shard_table_ids,
+                const std::string& label, uint64_t chain,
+                const std::function<void(const store::TableScanHeader&)>& on_header,
+                const std::function<void(uint64_t, const float*)>& on_row,
+                const std::function<void(size_t shard, const DumpResponse&)>& on_part) {
   const size_t shards = shard_table_ids.size();
   // The first batch from every shard at once: it takes each shard's snapshot and tells its row count,
   // which the header needs before any row.
   std::vector<Call> calls;
   for (size_t shard = 0; shard < shards; ++shard) {
-    calls.push_back(make_call(shard, Opcode::Dump, DumpRequest{shard_table_ids[shard], 0, 1024}));
+    calls.push_back(make_call(shard, Opcode::Dump, DumpRequest{shard_table_ids[shard], 0, 1024, chain}));
   }
   session.exchange(lease, calls);
   std::vector<DumpResponse> parts;
@@ -60,11 +62,12 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
                          session.describe(shard) + " sent a DUMP of " + label + " whose records do not match its ids");
       }
       for (size_t k = 0; k < part.ids.size(); ++k) on_row(part.ids[k], part.records.data() + k * part.record_words);
+      on_part(shard, part);
       received += part.ids.size();
       if (part.done) break;
       part = session.call<DumpResponse>(
           lease, shard, Opcode::Dump,
-          DumpRequest{shard_table_ids[shard], part.snapshot_id, rows_per_frame(part.record_words)});
+          DumpRequest{shard_table_ids[shard], part.snapshot_id, rows_per_frame(part.record_words), chain});
     }
     if (received != parts[shard].total_rows) {
       throw StoreError(ErrorCode::Protocol, session.describe(shard) + " sent " + std::to_string(received) +
@@ -72,6 +75,47 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
                                                 std::to_string(parts[shard].total_rows));
     }
   }
+}
+
+}  // namespace
+
+void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::vector<uint64_t>& shard_table_ids,
+                const std::string& label, const std::function<void(const store::TableScanHeader&)>& on_header,
+                const std::function<void(uint64_t, const float*)>& on_row) {
+  dump_parts(session, lease, shard_table_ids, label, 0, on_header, on_row, [](size_t, const DumpResponse&) {});
+}
+
+std::optional<store::TableCut> dump_cut(RemoteSession& session, RemoteSession::Lease& lease,
+                                        const std::vector<uint64_t>& shard_table_ids, const std::string& label,
+                                        uint64_t chain) {
+  store::TableCut cut;
+  std::vector<bool> whole(shard_table_ids.size(), true);
+  std::vector<store::TablePolicyState> states;
+  size_t record_words = 0;
+  dump_parts(
+      session, lease, shard_table_ids, label, chain,
+      [&](const store::TableScanHeader& header) {
+        cut.header = header;
+        record_words = size_t{header.config.row_words} + header.config.state_words;
+      },
+      [&](uint64_t row_id, const float* record) {
+        cut.ids.push_back(row_id);
+        cut.records.insert(cut.records.end(), record, record + record_words);
+      },
+      [&](size_t shard, const DumpResponse& part) {
+        whole[shard] = part.whole;
+        cut.erased.insert(cut.erased.end(), part.erased.begin(), part.erased.end());
+        if (!part.policy_state.empty()) {
+          states.push_back(store::decode_policy_state(part.policy_state.data(), part.policy_state.size(),
+                                                      cut.header.config.num_rows, cut.header.config.num_rows));
+        }
+      });
+  // A shard that lost the chain (restarted) cut everything and the others only their changes: the
+  // caller takes the whole table instead.
+  if (std::find(whole.begin(), whole.end(), !whole[0]) != whole.end()) return std::nullopt;
+  cut.whole = whole[0];
+  if (!states.empty()) cut.policy = merge_policy_states(states, label);
+  return cut;
 }
 
 store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease& lease,

@@ -24,6 +24,13 @@ void dump_table(RemoteSession& session, RemoteSession::Lease& lease, const std::
                 const std::string& label, const std::function<void(const store::TableScanHeader&)>& on_header,
                 const std::function<void(uint64_t row_id, const float* record)>& on_row);
 
+// A point-in-time cut per shard of the table's changes for a change chain (store::Table::cut_changes),
+// merged: the rows, the rows dropped, and the policy state with the touch metadata of the cut's rows.
+// nullopt when the shards disagree on whether the cut is whole (one lost the chain in a restart).
+std::optional<store::TableCut> dump_cut(RemoteSession& session, RemoteSession::Lease& lease,
+                                        const std::vector<uint64_t>& shard_table_ids, const std::string& label,
+                                        uint64_t chain);
+
 // dump_table's rows gathered into a snapshot, to install into another table. A row that comes from
 // two shards is StoreError(Protocol).
 store::TableSnapshot dump_snapshot(RemoteSession& session, RemoteSession::Lease& lease,

@@ -22,18 +22,33 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
     // would grow the shard see the memory it holds.
     DumpSnapshot snapshot;
     snapshot.table_id = request.table_id;
-    target.table->scan(
-        [&](const store::TableScanHeader& header) {
-          snapshot.table = TableDescription{request.table_id, header.config, header.init_stream, header.optimizer,
-                                            header.optimizer_step};
-          snapshot.record_words = header.config.row_words + header.config.state_words;
-          snapshot.ids.reserve(header.row_count);
-          snapshot.records.reserve(header.row_count * snapshot.record_words);
-        },
-        [&](uint64_t row_id, const float* record) {
-          snapshot.ids.push_back(row_id);
-          snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_words);
-        });
+    if (request.chain != 0) {
+      store::TableCut cut = target.table->cut_changes(request.chain);
+      snapshot.table = TableDescription{request.table_id, cut.header.config, cut.header.init_stream,
+                                        cut.header.optimizer, cut.header.optimizer_step};
+      snapshot.record_words = cut.header.config.row_words + cut.header.config.state_words;
+      snapshot.ids = std::move(cut.ids);
+      snapshot.records = std::move(cut.records);
+      snapshot.whole = cut.whole;
+      snapshot.erased = std::move(cut.erased);
+      if (cut.policy) {
+        const std::string state = store::encode_policy_state(*cut.policy);
+        snapshot.policy_state.assign(state.begin(), state.end());
+      }
+    } else {
+      target.table->scan(
+          [&](const store::TableScanHeader& header) {
+            snapshot.table = TableDescription{request.table_id, header.config, header.init_stream, header.optimizer,
+                                              header.optimizer_step};
+            snapshot.record_words = header.config.row_words + header.config.state_words;
+            snapshot.ids.reserve(header.row_count);
+            snapshot.records.reserve(header.row_count * snapshot.record_words);
+          },
+          [&](uint64_t row_id, const float* record) {
+            snapshot.ids.push_back(row_id);
+            snapshot.records.insert(snapshot.records.end(), record, record + snapshot.record_words);
+          });
+    }
     snapshot_id = sessions_.next_object_id();
     staged_bytes_.fetch_add(snapshot.bytes());
     session.snapshots.emplace(snapshot_id, std::move(snapshot));
@@ -48,6 +63,8 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
   const uint64_t fit = (kMaxPayloadBytes - kResponseSlackBytes) / record_bytes;
   const size_t count = size_t(std::min<uint64_t>({request.max_rows, fit, snapshot.ids.size() - snapshot.next}));
   DumpResponse response;
+  response.whole = snapshot.whole;
+  if (snapshot.next == 0 && snapshot.next_erased == 0) response.policy_state = std::move(snapshot.policy_state);
   response.snapshot_id = snapshot_id;
   response.table = snapshot.table;
   response.total_rows = snapshot.ids.size();
@@ -56,7 +73,15 @@ std::vector<uint8_t> ShardService::dump(Session& session, const Frame& frame) {
   const auto records = snapshot.records.begin() + snapshot.next * snapshot.record_words;
   response.records.assign(records, records + count * snapshot.record_words);
   snapshot.next += count;
-  response.done = snapshot.next == snapshot.ids.size();
+  if (snapshot.next == snapshot.ids.size()) {
+    // The dropped rows after the rows, in the room the rows left.
+    const uint64_t room = (kMaxPayloadBytes - kResponseSlackBytes - count * record_bytes) / sizeof(uint64_t);
+    const size_t erased = size_t(std::min<uint64_t>(room, snapshot.erased.size() - snapshot.next_erased));
+    response.erased.assign(snapshot.erased.begin() + snapshot.next_erased,
+                           snapshot.erased.begin() + snapshot.next_erased + erased);
+    snapshot.next_erased += erased;
+  }
+  response.done = snapshot.next == snapshot.ids.size() && snapshot.next_erased == snapshot.erased.size();
   if (response.done) {
     staged_bytes_.fetch_sub(snapshot.bytes());
     session.snapshots.erase(found);

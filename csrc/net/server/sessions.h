@@ -40,7 +40,15 @@ struct DumpSnapshot {
   std::vector<uint64_t> ids;
   std::vector<float> records;
   size_t next = 0;  // the first row not yet sent
-  uint64_t bytes() const { return ids.size() * sizeof(uint64_t) + records.size() * sizeof(float); }
+  // A cut of a change chain (DUMP with a chain): whether it is whole, the rows dropped since and
+  // the first of them not yet sent, and the policy state the first response carries.
+  bool whole = true;
+  std::vector<uint64_t> erased;
+  size_t next_erased = 0;
+  std::vector<uint8_t> policy_state;
+  uint64_t bytes() const {
+    return (ids.size() + erased.size()) * sizeof(uint64_t) + records.size() * sizeof(float) + policy_state.size();
+  }
 };
 
 // Shared by its connections and Sessions; weakly by the synchronous steps it staged parts of

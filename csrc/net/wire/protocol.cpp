@@ -685,11 +685,13 @@ void encode(Writer& out, const DumpRequest& m) {
   out.put<uint64_t>(m.table_id);
   out.put<uint64_t>(m.snapshot_id);
   out.put<uint32_t>(m.max_rows);
+  out.put<uint64_t>(m.chain);
 }
 void decode(Reader& in, DumpRequest& m) {
   m.table_id = in.get<uint64_t>("table_id");
   m.snapshot_id = in.get<uint64_t>("snapshot_id");
   m.max_rows = in.get<uint32_t>("max_rows");
+  m.chain = in.get<uint64_t>("chain");
 }
 
 void encode(Writer& out, const DumpResponse& m) {
@@ -700,6 +702,9 @@ void encode(Writer& out, const DumpResponse& m) {
   out.put_array(m.ids);
   out.put_array(m.records);
   out.put_bool(m.done);
+  out.put_bool(m.whole);
+  out.put_array(m.erased);
+  out.put_array(m.policy_state);
 }
 void decode(Reader& in, DumpResponse& m) {
   m.snapshot_id = in.get<uint64_t>("snapshot_id");
@@ -709,6 +714,9 @@ void decode(Reader& in, DumpResponse& m) {
   m.ids = in.get_array<uint64_t>("ids");
   m.records = in.get_array<float>("records");
   m.done = in.get_bool("done");
+  m.whole = in.get_bool("whole");
+  m.erased = in.get_array<uint64_t>("erased");
+  m.policy_state = in.get_array<uint8_t>("policy_state");
 }
 
 void encode(Writer& out, const BeginLoadRequest& m) {

@@ -40,7 +40,7 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 9: CHECK_POLICY.
 // 10: TablePolicy carries spill (budget flag bit 2) and max_disk_bytes (bit 3, an i64 after
 // max_bytes); TableStats the disk tier's rows, bytes, reads and writes.
-constexpr uint16_t kProtocolVersion = 10;
+constexpr uint16_t kProtocolVersion = 11;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -364,6 +364,8 @@ struct DumpRequest {
   uint64_t table_id = 0;
   uint64_t snapshot_id = 0;  // 0: take a new snapshot of the table; else continue that one
   uint32_t max_rows = 0;     // rows in this response, at least 1
+  // With snapshot_id 0: 0 for every row; else the cut of the change chain (store::Table::cut_changes).
+  uint64_t chain = 0;
 };
 
 struct DumpResponse {
@@ -374,6 +376,12 @@ struct DumpResponse {
   std::vector<uint64_t> ids;
   std::vector<float> records;  // ids.size() * record_words: weight then optimizer state
   bool done = false;           // the last rows; the snapshot is released
+  // A cut (chain != 0): whether it holds every row; the rows dropped since the chain's last cut (paged
+  // like the rows, after them); and, in the first response, the policy state with the touch metadata
+  // of the cut's rows (GET_POLICY_STATE's encoding; empty without a policy).
+  bool whole = true;
+  std::vector<uint64_t> erased;
+  std::vector<uint8_t> policy_state;
 };
 
 struct BeginLoadRequest {

@@ -1,0 +1,117 @@
+"""Incremental checkpoints (suite online, issue 36, docs/online.md), against a full ops.save of the same
+table in the same run.
+
+- A delta after 1% of a 10^7-row table (dim 32, Adagrad) changed: its bytes and time against ops.save
+  of the whole table. Target: at most 3% of both.
+- Training steps (update of 16,384 ids) while versions are written one after another on another
+  thread, against steps without: target at most 1.2x the median step. The base's cut (a copy of every
+  row under the table's locks) is reported as the longest step during a base.
+
+    python benchmarks/bench_online.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+import torch_recdev
+from harness import Fact, Row
+from torch_recdev import ops
+
+DIM = 32
+STEP_IDS = 16_384
+
+
+def _fill(table, rows: int) -> None:
+    chunk = 1 << 18
+    for first in range(0, rows, chunk):
+        n = min(chunk, rows - first)
+        ops.emb_update(table, torch.arange(first, first + n), torch.ones(n, DIM))
+
+
+def _step_times(table, rows: int, seconds: float, generator) -> np.ndarray:
+    times = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        keys = torch.randint(0, rows, (STEP_IDS,), generator=generator)
+        grads = torch.randn(STEP_IDS, DIM, generator=generator)
+        start = time.perf_counter()
+        ops.emb_update(table, keys, grads)
+        times.append(time.perf_counter() - start)
+    return np.array(times)
+
+
+def run(quick: bool = False) -> list:
+    rows = 10**5 if quick else 10**7
+    torch_recdev.connect(None)
+    table = ops.init_embedding_table(f"online.bench{os.getpid()}", rows, DIM, optimizer=("adagrad", {"lr": 0.05}),
+                                     reset=True)
+    _fill(table, rows)
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RECDEV_BENCH_DIR")) as work:
+        full_path = os.path.join(work, "full.recdev")
+        start = time.perf_counter()
+        ops.save(full_path)
+        full_s = time.perf_counter() - start
+        full_bytes = os.path.getsize(full_path)
+        os.remove(full_path)
+
+        versions = os.path.join(work, "versions")
+        start = time.perf_counter()
+        ops.checkpoint(versions)
+        base_s = time.perf_counter() - start
+        changed = torch.randperm(rows, generator=generator)[: rows // 100]
+        ops.emb_update(table, changed, torch.randn(changed.numel(), DIM, generator=generator))
+        start = time.perf_counter()
+        ops.checkpoint(versions)
+        delta_s = time.perf_counter() - start
+        delta_bytes = ops.version_files(versions)[-1]["bytes"]
+        label = f"{rows:.0e} rows of dim {DIM} (Adagrad), 1% changed".replace("e+0", "e")
+        out.append(Row(f"delta version, {label}", delta_s, "ops.save of the whole table", full_s,
+                       ">= 33.3 (<= 3% of the time)", 100 / 3))
+        out.append(Fact(f"delta bytes against a full checkpoint ({label})",
+                        f"{delta_bytes / 2**20:.1f} MiB / {full_bytes / 2**20:.0f} MiB = {delta_bytes / full_bytes:.2%}",
+                        "<= 3%", delta_bytes <= 0.03 * full_bytes))
+        out.append(Fact(f"base version against ops.save ({label[:-12]})", f"{base_s:.2f} s / {full_s:.2f} s",
+                        "reference", True))
+
+        seconds = 2.0 if quick else 10.0
+        alone = _step_times(table, rows, seconds, generator)
+        stop = threading.Event()
+        written = []
+
+        def write_versions():
+            while not stop.is_set():
+                written.append(ops.checkpoint(versions))
+
+        writer = threading.Thread(target=write_versions)
+        writer.start()
+        try:
+            during = _step_times(table, rows, seconds, generator)
+        finally:
+            stop.set()
+            writer.join()
+        out.append(Row(f"training step ({STEP_IDS} ids) while {len(written)} delta versions were written",
+                       float(np.median(during)), "the same step without", float(np.median(alone)),
+                       ">= 0.83 (<= 1.2x)", 1 / 1.2))
+        out.append(Fact("training step p99 / max while versions were written",
+                        f"{np.percentile(during, 99) * 1e3:.1f} / {during.max() * 1e3:.1f} ms "
+                        f"(without: {np.percentile(alone, 99) * 1e3:.1f} / {alone.max() * 1e3:.1f} ms)",
+                        "reference", True))
+    ops.init_embedding_table(f"online.bench{os.getpid()}", 1, DIM, reset=True)  # frees the rows
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    for item in run(parser.parse_args().quick):
+        print(item)
