@@ -148,7 +148,7 @@ VersionContents read_version_file(const VersionFile& file) {
   if (computed != stored) {
     char detail[64];
     std::snprintf(detail, sizeof(detail), "(stored %08x, computed %08x)", stored, computed);
-    corrupt(file.path, std::string("fails its CRC-32C ") + detail + ": the file is damaged");
+    corrupt(file.path, std::string("fails its checksum (CRC-32C) ") + detail + ": the file is damaged");
   }
   return contents;
 }
@@ -228,8 +228,8 @@ std::string describe_versions(const std::vector<uint64_t>& versions) {
   return text;
 }
 
-void write_version_file(const std::string& path, uint64_t version, uint64_t chain, bool base,
-                        const std::vector<NamedCut>& cuts) {
+CheckpointSummary write_version_file(const std::string& path, uint64_t version, uint64_t chain, bool base,
+                                     const std::vector<NamedCut>& cuts) {
   ChecksummedWriter out(path, Checksum::Crc32c);
   out.put_bytes(kMagic, sizeof(kMagic));
   out.put(kVersionFormat);
@@ -252,6 +252,12 @@ void write_version_file(const std::string& path, uint64_t version, uint64_t chai
     write_policy_block(out, cut.policy);
   }
   out.finish();
+  CheckpointSummary summary;
+  summary.tables = cuts.size();
+  for (const NamedCut& named : cuts) summary.rows += named.cut.ids.size();
+  summary.bytes = out.bytes();
+  summary.crc = out.crc();
+  return summary;
 }
 
 // A version's image (every table) from its chain of files.
@@ -399,26 +405,29 @@ void VersionWriter::wait_compaction() {
   if (compaction_error_) std::rethrow_exception(std::exchange(compaction_error_, nullptr));
 }
 
-uint64_t VersionWriter::write(const VersionSource& source) {
+std::string describe(const WrittenVersion& written) {
+  return "version " + std::to_string(written.version) + (written.base ? ", base, " : ", delta, ") +
+         describe(written.summary);
+}
+
+WrittenVersion VersionWriter::write(const VersionSource& source) {
   std::lock_guard<std::mutex> lock(mutex_);
   make_directory(directory_);
-  remove_dead_temp_files_in(directory_);
+  remove_temp_files_in(directory_, TempFiles::OfDeadWriters);
   std::vector<VersionFile> files = list_version_files(directory_);
   const uint64_t newest = files.empty() ? 0 : files.back().version;
   const bool delta = chain_ != 0 && last_version_ == newest && files.back().chain == chain_;
   if (!delta) chain_ = random_chain();
   const uint64_t version = newest + 1;
   const std::vector<NamedCut> cuts = source.cut(chain_);
+  WrittenVersion written{version, !delta, directory_ + "/" + file_name(version, !delta), {}};
   try {
     for (const NamedCut& named : cuts) {
       if (!delta && !named.cut.whole)
         corrupt(directory_, "got a partial cut of table '" + named.name + "' for a new base");
     }
-    const std::string path = directory_ + "/" + file_name(version, !delta);
-    write_version_file(path, version, chain_, !delta, cuts);
-    files.push_back(VersionFile{path, version, !delta, chain_, 0, 0});
-    struct stat status;
-    if (::stat(path.c_str(), &status) == 0) files.back().bytes = uint64_t(status.st_size);
+    written.summary = write_version_file(written.path, version, chain_, !delta, cuts);
+    files.push_back(VersionFile{written.path, version, !delta, chain_, 0, written.summary.bytes});
   } catch (...) {
     source.forget(chain_);
     chain_ = 0;
@@ -426,7 +435,7 @@ uint64_t VersionWriter::write(const VersionSource& source) {
   }
   last_version_ = version;
   compact_if_due(files, version);
-  return version;
+  return written;
 }
 
 void VersionWriter::compact_if_due(const std::vector<VersionFile>& files, uint64_t version) {
@@ -484,7 +493,7 @@ VersionWriter& version_writer_for(const std::string& directory) {
   return *writer;
 }
 
-uint64_t checkpoint_store_version(const std::string& directory, const Store& store) {
+WrittenVersion checkpoint_store_version(const std::string& directory, const Store& store) {
   const auto named = store.named_tables();
   VersionSource source;
   source.cut = [&](uint64_t chain) {

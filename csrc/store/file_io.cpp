@@ -210,15 +210,20 @@ void AtomicFileWriter::commit() {
   fsync_directory(directory_of(path_));
 }
 
-void remove_dead_temp_files_in(const std::string& directory) {
+RemovedFiles remove_temp_files_in(const std::string& directory, TempFiles which) {
+  RemovedFiles removed;
   try {
     for_each_temp_file_in(
-        directory, "", [](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
-          if (writer_is_gone(suffix, status)) ::unlinkat(dir_fd, name.c_str(), 0);
+        directory, "", [&](int dir_fd, const std::string& name, const std::string& suffix, const struct stat& status) {
+          if ((which == TempFiles::All || writer_is_gone(suffix, status)) && ::unlinkat(dir_fd, name.c_str(), 0) == 0) {
+            ++removed.count;
+            removed.bytes += uint64_t(status.st_size);
+          }
         });
   } catch (const StoreError&) {
     // An unlistable directory: the write that follows reports what is wrong with it.
   }
+  return removed;
 }
 
 RemovedFiles remove_stale_temp_files(const std::string& path) {

@@ -47,10 +47,12 @@ struct RemovedFiles {
   uint64_t bytes = 0;
 };
 RemovedFiles remove_stale_temp_files(const std::string& path);
-// Removes the temporary files in `directory` whose writers are gone (their process is not running on
-// this host): for directories of many files, such as checkpoint versions, that live writers may be
-// writing to. Best effort.
-void remove_dead_temp_files_in(const std::string& directory);
+// Removes temporary files in `directory`, for directories of many files such as checkpoint versions:
+// those whose writers are gone (their process is not running on this host), which live writers may
+// share the directory with; or all of them, in a directory only one writer owns, at its start.
+// Best effort.
+enum class TempFiles { OfDeadWriters, All };
+RemovedFiles remove_temp_files_in(const std::string& directory, TempFiles which);
 
 class FileReader {
  public:

@@ -104,7 +104,7 @@ void EmbeddedStoreClient::free_table(TableHandle& table) noexcept {
 void EmbeddedStoreClient::save(const std::string& path) { save_store(path, store_); }
 std::vector<std::string> EmbeddedStoreClient::load(const std::string& path) { return load_store(path, store_); }
 uint64_t EmbeddedStoreClient::checkpoint(const std::string& directory) {
-  return checkpoint_store_version(directory, store_);
+  return checkpoint_store_version(directory, store_).version;
 }
 std::pair<uint64_t, std::vector<std::string>> EmbeddedStoreClient::restore(const std::string& directory,
                                                                            std::optional<uint64_t> version) {

@@ -1,5 +1,5 @@
 """A process killed while it writes a checkpoint leaves its temporary file behind. The next start of a
-server removes its own shard's (and only those) and says so; the next save of the embedded store to
+server removes those in its own shard's versions directory (and only those) and says so; the next save of the embedded store to
 the same path removes those of savers on this host that are gone."""
 
 import os
@@ -24,28 +24,31 @@ def test_start_removes_only_its_own_shards_interrupted_checkpoints(start_server,
         ids = wire.owned_ids(wire.route_key_of_name("temp.files"), 1, 2, 100)
         c.write(table, ids, np.full((len(ids), DIM), 3.0))
     assert server.stop() == 0
-    completed = tmp_path / "shard-1-of-2.recdev"
-    assert completed.exists()
+    own_dir = tmp_path / "shard-1-of-2"
+    (completed,) = own_dir.iterdir()  # the shard's first version, a base
 
     # Named as AtomicFileWriter names them: the destination, ".tmp.", the writer's host, pid and a
-    # counter. The shard's own are removed whoever wrote them (its previous server, maybe elsewhere).
+    # counter. The shard's own directory has only its own server's, removed whoever wrote them (its
+    # previous server, maybe elsewhere).
     host = socket.gethostname()
-    own = {f"shard-1-of-2.recdev.tmp.{host}.4242.0": 1000, "shard-1-of-2.recdev.tmp.other.host.1.17": 5000}
+    own = {f"v00000002-delta.recdev.tmp.{host}.4242.0": 1000, "v00000003-base.recdev.tmp.other.host.1.17": 5000}
+    (tmp_path / "shard-0-of-2").mkdir()
     kept = {
-        f"shard-0-of-2.recdev.tmp.{host}.4242.0": 700,  # another shard's, maybe being written right now
-        "shard-0-of-2.recdev": 300,                     # another shard's checkpoint
-        f"shard-11-of-20.recdev.tmp.{host}.1.0": 200,   # another layout's
-        "shard-1-of-2.recdev.tmpx": 100,                # not a temporary of ours
+        f"shard-0-of-2/v00000004-delta.recdev.tmp.{host}.4242.0": 700,  # another shard's, maybe being written now
+        "shard-0-of-2/v00000003-delta.recdev": 300,                     # another shard's version
+        f"shard-11-of-20.recdev.tmp.{host}.1.0": 200,                   # another layout's
     }
-    for name, size in {**own, **kept}.items():
+    for name, size in own.items():
+        (own_dir / name).write_bytes(b"\0" * size)
+    for name, size in kept.items():
         (tmp_path / name).write_bytes(b"\0" * size)
     checkpoint_bytes = completed.read_bytes()
 
     restarted = start_server(*args)
-    remaining = {p.name for p in tmp_path.iterdir()}
-    assert remaining == set(kept) | {completed.name}
+    assert [p.name for p in own_dir.iterdir()] == [completed.name]
+    assert all((tmp_path / name).exists() for name in kept)
     assert completed.read_bytes() == checkpoint_bytes
-    assert f"removed 2 temporary files (6000 bytes) of interrupted saves of {completed}" in restarted.log()
+    assert f"removed 2 temporary files (6000 bytes) of interrupted saves of {own_dir}" in restarted.log()
     with restarted.connect() as c:
         (table_id, name, _), = c.list()
         np.testing.assert_array_equal(c.gather(table_id, ids), np.full(len(ids) * DIM, 3.0, dtype=np.float32))

@@ -44,8 +44,10 @@ def test_stop_signal_writes_checkpoint_and_restart_loads_it(start_server, tmp_pa
         rows = c.gather(table, ids)
     assert server.stop(sig) == 0
     assert "stopped" in server.log()
-    path = tmp_path / "ckpt" / "shard-1-of-2.recdev"
-    assert path.exists()
+    from torch_recdev import _testing
+
+    path = tmp_path / "ckpt" / "shard-1-of-2"
+    assert _testing._store.restorable_versions(str(path))
 
     restarted = start_server(*args)
     with restarted.connect() as c:
@@ -87,14 +89,14 @@ def test_checkpoint_of_another_layout_refused(start_server, tmp_path):
     # Another number of shards: refused, not started empty.
     result = run_cli("--listen", "127.0.0.1:0", "--shard", "0", "--num-shards", "3", "--checkpoint-dir", str(tmp_path))
     assert result.returncode == 1
-    assert "another number of shards" in result.stderr and "shard-0-of-2.recdev" in result.stderr
-    # Shard 0's file presented as shard 1's: its rows belong to shard 0.
-    os.rename(tmp_path / "shard-0-of-2.recdev", tmp_path / "shard-1-of-2.recdev")
+    assert "another number of shards" in result.stderr and "shard-0-of-2" in result.stderr
+    # Shard 0's versions presented as shard 1's: their rows belong to shard 0.
+    os.rename(tmp_path / "shard-0-of-2", tmp_path / "shard-1-of-2")
     result = run_cli("--listen", "127.0.0.1:0", "--shard", "1", "--num-shards", "2", "--checkpoint-dir", str(tmp_path))
     assert result.returncode == 1
     assert "belongs to shard 0" in result.stderr and "written by another shard" in result.stderr
     # A damaged file is refused too.
-    path = tmp_path / "shard-1-of-2.recdev"
+    (path,) = (tmp_path / "shard-1-of-2").iterdir()
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # the CRC
     path.write_bytes(bytes(data))
@@ -106,14 +108,15 @@ def test_periodic_checkpoints(start_server, tmp_path):
     from torch_recdev import _testing
 
     server = start_server("--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0.3")
-    path = tmp_path / "shard-0-of-1.recdev"
+    path = tmp_path / "shard-0-of-1"
     with server.connect() as c:
         table = c.open_named("life.periodic", 1000, DIM)["table_id"]
         c.write(table, np.arange(50), np.ones((50, DIM)))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if path.exists():
-                infos = _testing._store.read_checkpoint_info(str(path))
+            versions = _testing._store.restorable_versions(str(path)) if path.exists() else []
+            if versions:
+                infos = _testing._store.read_version_info(str(path), versions[-1])
                 if infos and infos[0].row_count == 50:
                     break
             time.sleep(0.1)

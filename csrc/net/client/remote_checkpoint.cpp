@@ -130,7 +130,7 @@ uint64_t save_version(RemoteSession& session, const std::string& directory) {
   // A chain the shards are never asked for again is dropped there once kMaxChangeChains newer ones
   // exist; until then it keeps change tracking on.
   source.forget = [](uint64_t) {};
-  return store::version_writer_for(directory).write(source);
+  return store::version_writer_for(directory).write(source).version;
 }
 
 std::pair<uint64_t, std::vector<std::string>> restore_version(RemoteSession& session, const std::string& directory,

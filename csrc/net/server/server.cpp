@@ -17,7 +17,7 @@
 #include <optional>
 #include <thread>
 
-#include "store/checkpoint.h"
+#include "shard_checkpoints.h"
 #include "store/disk_dir.h"
 #include "store/errors.h"
 
@@ -267,21 +267,6 @@ bool read_first_frame(Waiting& waiting) {
   }
 }
 
-// Returns false (having logged why) if the checkpoint could not be written.
-bool write_checkpoint(const ServerOptions& options, ShardService& service) {
-  // Numbered, so that the log tells which checkpoint was the last one completed before a crash.
-  static std::atomic<uint64_t> written{0};
-  const std::string path = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
-  try {
-    const store::CheckpointSummary summary = store::save_store(path, service.store());
-    log("checkpoint " + std::to_string(++written) + " written: " + path + " (" + store::describe(summary) + ")");
-    return true;
-  } catch (const std::exception& error) {
-    log(std::string("checkpoint failed: ") + error.what());
-    return false;
-  }
-}
-
 // Frees lapsed sessions and writes periodic checkpoints until stop_requested.
 void housekeeping(const ServerOptions& options, ShardService& service) {
   const auto tick = std::chrono::duration_cast<Clock::duration>(
@@ -299,7 +284,7 @@ void housekeeping(const ServerOptions& options, ShardService& service) {
     if (stop_requested.load()) break;
     service.reap_lapsed_sessions();
     if (checkpoints && Clock::now() >= next_checkpoint) {
-      write_checkpoint(options, service);
+      write_shard_checkpoint(options.checkpoint_dir, service, log);
       next_checkpoint = Clock::now() + checkpoint_every;
     }
   }
@@ -321,20 +306,6 @@ void validate(const ServerOptions& options) {
   if (!(options.idle_timeout > 0)) invalid("--idle-timeout must be positive");
   if (service.token.size() > kMaxTokenBytes)
     invalid("the token is longer than " + std::to_string(kMaxTokenBytes) + " bytes");
-}
-
-// Creates the checkpoint directory if need be, removes what interrupted saves left, and loads this
-// shard's checkpoint.
-void restore_checkpoint_dir(const ServerOptions& options, ShardService& service) {
-  if (::mkdir(options.checkpoint_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw StoreError(ErrorCode::Io,
-                     "cannot create checkpoint directory " + options.checkpoint_dir + ": " + std::strerror(errno));
-  }
-  const std::string own = checkpoint_path(options.checkpoint_dir, options.service.shard, options.service.num_shards);
-  if (const std::string removed = store::remove_interrupted_saves(own); !removed.empty()) log(removed);
-  if (const std::string loaded = load_shard_checkpoint(options.checkpoint_dir, service); !loaded.empty()) {
-    log("loaded checkpoint " + loaded);
-  }
 }
 
 // The accept loop: new connections wait, without a thread, until their HELLO is whole (at most
@@ -490,64 +461,13 @@ class Acceptor {
 
 }  // namespace
 
-std::string checkpoint_path(const std::string& dir, uint32_t shard, uint32_t num_shards) {
-  return dir + "/shard-" + std::to_string(shard) + "-of-" + std::to_string(num_shards) + ".recdev";
-}
-
-std::string load_shard_checkpoint(const std::string& dir, ShardService& service) {
-  const uint32_t shard = service.options().shard;
-  const uint32_t num_shards = service.options().num_shards;
-  const std::string path = checkpoint_path(dir, shard, num_shards);
-  if (::access(path.c_str(), F_OK) != 0) {
-    // No file of ours: refuse a directory holding another layout's checkpoints rather than starting
-    // empty beside them.
-    std::vector<std::string> others;
-    if (DIR* listing = ::opendir(dir.c_str())) {
-      while (const dirent* entry = ::readdir(listing)) {
-        unsigned other_shard = 0, other_count = 0;
-        char tail[16] = {0};
-        if (std::sscanf(entry->d_name, "shard-%u-of-%u.%15s", &other_shard, &other_count, tail) == 3 &&
-            std::string(tail) == "recdev" && other_count != num_shards) {
-          others.push_back(entry->d_name);
-        }
-      }
-      ::closedir(listing);
-    }
-    if (!others.empty()) {
-      std::sort(others.begin(), others.end());
-      throw StoreError(ErrorCode::Corrupt, "checkpoint directory " + dir + " holds " + others.front() +
-                                               ", written for another number of shards, and no checkpoint of shard " +
-                                               std::to_string(shard) + " of " + std::to_string(num_shards) +
-                                               "; start the servers with the layout they were written with");
-    }
-    return {};
-  }
-  store::load_store(path, service.store());
-  for (const auto& [name, table] : service.store().named_tables()) {
-    const uint64_t route_key = route_key_of_name(name);
-    table->scan([](const store::TableScanHeader&) {},
-                [&](uint64_t row_id, const float*) {
-                  const uint32_t owner = owner_shard(route_key, row_id, num_shards);
-                  if (owner != shard) {
-                    throw StoreError(ErrorCode::Corrupt,
-                                     "checkpoint " + path + " holds row " + std::to_string(row_id) + " of table '" +
-                                         name + "', which belongs to shard " + std::to_string(owner) +
-                                         ", not to shard " + std::to_string(shard) + " of " +
-                                         std::to_string(num_shards) + ": it was written by another shard");
-                  }
-                });
-  }
-  service.adopt_named_tables();
-  return path;
-}
-
 void run_server(const ServerOptions& options) {
   validate(options);
   ShardService service(options.service);
   // The flag only, not RECDEV_DISK_DIR: a shard's disk is what its command line says.
   const uint64_t left_behind = store::set_disk_dir(options.disk_dir);
   if (left_behind != 0) log("removed " + std::to_string(left_behind) + " disk-tier directories of dead processes");
-  if (!options.checkpoint_dir.empty()) restore_checkpoint_dir(options, service);
+  if (!options.checkpoint_dir.empty()) restore_shard_checkpoints(options.checkpoint_dir, service, log);
   HostPort bound;
   Socket listener = listen_on(parse_host_port(options.listen), bound);
   StopSignals signals;
@@ -563,7 +483,7 @@ void run_server(const ServerOptions& options) {
   service.stop_staged_steps();  // a part waiting for a dead rank would hold its thread up to its timeout
   connections.wait_for_none();
   housekeeper.join();
-  if (!options.checkpoint_dir.empty() && !write_checkpoint(options, service)) {
+  if (!options.checkpoint_dir.empty() && !write_shard_checkpoint(options.checkpoint_dir, service, log)) {
     throw StoreError(ErrorCode::Io, "stopped without writing the final checkpoint to " + options.checkpoint_dir);
   }
   log("stopped");

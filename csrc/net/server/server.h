@@ -24,14 +24,6 @@ struct ServerOptions {
   double idle_timeout = 300;  // seconds without a request after which a connection is closed
 };
 
-// The checkpoint file of one shard in a checkpoint directory: D/shard-I-of-N.recdev.
-std::string checkpoint_path(const std::string& dir, uint32_t shard, uint32_t num_shards);
-
-// Loads the shard's checkpoint from the directory, if there is one, into the service's store, and
-// refuses (StoreError(Corrupt)) a directory whose checkpoints were written for another number of
-// shards, or a file holding rows this shard does not own. Returns the path loaded, or "".
-std::string load_shard_checkpoint(const std::string& dir, ShardService& service);
-
 // Serves until SIGTERM or SIGINT; prints "listening on HOST:PORT" on stdout once it accepts
 // connections. Throws StoreError for a bad option, an address it cannot listen on, or a checkpoint
 // it cannot load; returns normally after a clean shutdown.

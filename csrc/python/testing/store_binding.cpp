@@ -14,6 +14,7 @@
 #include "python/store_errors.h"
 #include "python/table_policy_binding.h"
 #include "store/checkpoint.h"
+#include "store/checkpoint_versions.h"
 #include "store/chunk_pool.h"
 #include "store/crc32c.h"
 #include "store/disk_dir.h"
@@ -536,6 +537,25 @@ void bind_checkpoints(py::module_& s) {
         return read_checkpoint_info(file);
       },
       py::arg("path"));
+  s.def(
+      "restorable_versions",
+      [](const py::object& directory) {
+        const std::string path = fspath(directory);
+        py::gil_scoped_release release;
+        return restorable_versions(path);
+      },
+      py::arg("directory"), "The versions of a directory of incremental checkpoints that a restore reaches.");
+  s.def(
+      "read_version_info",
+      [](const py::object& directory, uint64_t version) {
+        const std::string path = fspath(directory);
+        py::gil_scoped_release release;
+        std::vector<CheckpointTableInfo> infos;
+        for (StagedTable& table : read_version(path, version)) infos.push_back(std::move(table.info));
+        return infos;
+      },
+      py::arg("directory"), py::arg("version"),
+      "A version's tables (its base and deltas replayed and verified), as read_checkpoint_info reports a file's.");
 }
 
 }  // namespace
