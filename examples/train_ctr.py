@@ -154,6 +154,21 @@ def make_tables(lr: float, dtype: str) -> list[torch.Tensor]:
     return tables
 
 
+def write_version(directory: str, model: CTRModel) -> int:
+    """A version of the tables (ops.checkpoint) and the MLP of the same step beside it, as
+    mlp-vNNNNNNNN.pt (renamed into place right after the version: a serving process waits for it)."""
+    os.makedirs(directory, exist_ok=True)
+    staged = os.path.join(directory, "mlp-next.pt.tmp")
+    torch.save(model.mlp.state_dict(), staged)
+    version = ops.checkpoint(directory)
+    os.replace(staged, mlp_path(directory, version))
+    return version
+
+
+def mlp_path(directory: str, version: int) -> str:
+    return os.path.join(directory, f"mlp-v{version:08d}.pt")
+
+
 def evaluate(model: CTRModel, data, batch: int = 1024) -> tuple[float, float]:
     # Training-sized batches: a lookup is a touch, and one batch's distinct ids must fit --max-rows.
     sparse, dense, clicks = data[:3]
@@ -221,6 +236,10 @@ def main(argv=None) -> dict:
                         help="steps between held-out evaluations on a fixed subsample (the learning curve)")
     parser.add_argument("--eval-samples", type=int, default=10_000, help="the subsample those evaluations use")
     parser.add_argument("--checkpoint", help="directory: save after each epoch, resume from it when present")
+    parser.add_argument("--checkpoint-every-steps", type=int, metavar="K",
+                        help="write a version of the tables (ops.checkpoint: a base, then deltas) and the MLP every K "
+                        "steps into --checkpoint-dir, for serving shards to follow (examples/serve_ctr.py)")
+    parser.add_argument("--checkpoint-dir", help="where --checkpoint-every-steps writes its versions")
     parser.add_argument("--plot", default="ctr_learning_curves.png", help="where to write the learning-curve PNG")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--servers", help="recdev-server shards (tcp://host:port,...); default: the embedded store "
@@ -234,6 +253,10 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.spill and args.max_rows is None:
         parser.error("--spill keeps the rows --max-rows evicts on disk: give --max-rows too")
+    if (args.checkpoint_every_steps is None) != (args.checkpoint_dir is None):
+        parser.error("--checkpoint-every-steps and --checkpoint-dir go together")
+    if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 1:
+        parser.error("--checkpoint-every-steps must be at least 1")
     rank, world = start_fleet()
     lead = rank == 0  # prints, evaluates, saves
 
@@ -319,6 +342,11 @@ def main(argv=None) -> dict:
             seen += len(idx)
             if b % 50 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+            if args.checkpoint_every_steps and step % args.checkpoint_every_steps == 0:
+                barrier(world)  # every rank's updates are in the store before the version is cut
+                if lead:
+                    write_version(args.checkpoint_dir, model)
+                barrier(world)
             if lead and (step % args.eval_every == 0 or b == steps_per_epoch - 1):
                 tick = time.perf_counter()
                 probe_auc, probe_loss = evaluate(model, probe)

@@ -61,6 +61,7 @@ from . import compile_support, ops, optim, serialization, stores, traced_lookups
 from .stores import StoreFullError, connect, fleet_store, server_stats, store_info  # noqa: E402
 from .budgets import set_disk_dir, set_table_policy, table_policy  # noqa: E402
 from .fleet import share_tables  # noqa: E402
+from .ops import export_tables  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -88,6 +89,7 @@ __all__ = [
     "server_stats",
     "StoreFullError",
     "share_tables",
+    "export_tables",
     "ops",
     "optim",
     "is_table",

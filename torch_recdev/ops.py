@@ -40,6 +40,7 @@ __all__ = [
     "restore",
     "versions",
     "version_files",
+    "export_tables",
     "connect",
     "store_info",
 ]
@@ -268,13 +269,35 @@ def load(path: str | os.PathLike) -> list[str]:
     return list(_C._load_store(os.fspath(path)))
 
 
-def checkpoint(directory: str | os.PathLike) -> int:
+def checkpoint(directory: str | os.PathLike, *, fleet: bool = False) -> int:
     """Writes the next numbered version of every named table into ``directory`` and returns its
     number: a base with every row first (1 in an empty directory), then deltas holding only the
     rows changed since the version before. Each version is one file, written atomically; training
-    goes on while it is written (docs/online.md)."""
+    goes on while it is written (docs/online.md).
+
+    ``fleet=True``: every rank of the default process group calls it between the same two steps;
+    rank 0 writes the version once all ranks have arrived, and every rank gets its number. In a
+    synchronous fleet (``sync=True``) the version is then one consistent model (docs/fleet.md)."""
     pending.wait()
-    return int(_C._checkpoint_version(os.fspath(directory)))
+    path = os.fspath(directory)
+    if not fleet:
+        return int(_C._checkpoint_version(path))
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("ops.checkpoint(fleet=True) needs torch.distributed's default process group (torchrun); "
+                           "without one, call ops.checkpoint(directory)")
+    dist.barrier()  # every rank's last step is in: the version is cut between the same two steps
+    outcome = [None]
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = int(_C._checkpoint_version(path))
+        except Exception as error:  # noqa: BLE001 - every rank raises it, after the broadcast
+            outcome[0] = f"{type(error).__name__}: {error}"
+    dist.broadcast_object_list(outcome, src=0)  # and the other ranks wait for the version
+    if isinstance(outcome[0], str):
+        raise RuntimeError(f"ops.checkpoint(fleet=True): rank 0 could not write the version: {outcome[0]}")
+    return outcome[0]
 
 
 def restore(directory: str | os.PathLike, version: int | None = None) -> int:
@@ -286,6 +309,17 @@ def restore(directory: str | os.PathLike, version: int | None = None) -> int:
         raise ValueError(f"version must be a positive int (ops.versions lists them), not {version!r}")
     restored, _ = _C._restore_version(os.fspath(directory), version)
     return int(restored)
+
+
+def export_tables(directory: str | os.PathLike, dtype: torch.dtype | None = None) -> int:
+    """Writes every named table's rows for inference into ``directory``, as a version a serving
+    shard (``recdev-server --serve``) loads: without optimizer state, and narrowed to ``dtype``
+    (``torch.float16`` or ``torch.bfloat16``, from float32 tables, rounded to nearest) if given.
+    Returns the version's number; the next ``checkpoint`` into the same directory is a base."""
+    pending.wait()
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(f"export_tables: dtype must be torch.float16 or torch.bfloat16 (or None); got {dtype}")
+    return int(_C._export_tables(os.fspath(directory), dtype))
 
 
 def versions(directory: str | os.PathLike) -> list[int]:

@@ -32,7 +32,8 @@ _agreed_with: Optional[object] = None
 _connected_explicitly = False
 
 
-def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0) -> dict:
+def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0,
+            read_only: bool = False) -> dict:
     """Chooses the store that new tables, named tables, ``save`` and ``load`` go to; returns
     ``store_info()``.
 
@@ -42,7 +43,12 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
     ``token`` is the servers' ``--token-file`` token; ``timeout`` (seconds) bounds every wait for a
     server, so a dead one gives a ``ConnectionError`` naming it instead of a hang. Every server is
     reached now: a bad address, a wrong token or nothing listening fails here. Tables created
-    before keep working with the store they live in."""
+    before keep working with the store they live in.
+
+    ``read_only=True`` is for inference (serving shards, ``recdev-server --serve``, docs/online.md):
+    lookups only; a declaration (``ops.init_embedding_table``, ``share_tables``) opens the existing
+    table of that name, checking its shape and dtype; anything that would change a table raises
+    ``PermissionError`` before it is sent."""
     if servers is not None and not isinstance(servers, str):
         raise TypeError(f"connect: servers must be a string like 'tcp://host:7070,tcp://host:7071' or None; got {servers!r}")
     if token is not None and not isinstance(token, str):
@@ -51,7 +57,11 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
     if not timeout > 0:
         raise ValueError(f"connect: timeout must be a positive number of seconds; got {timeout}")
     pending.wait()  # operations in flight go to the store they were issued to
-    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout)
+    if not isinstance(read_only, bool):
+        raise TypeError(f"connect: read_only must be True or False; got {read_only!r}")
+    if read_only and servers in (None, "embedded"):
+        raise ValueError("connect: read_only=True needs servers (the embedded store is this process's own)")
+    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout, read_only)
     _publish_after_connect()
     return store_info()
 
@@ -66,8 +76,10 @@ def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dic
     """One running ``recdev-server``'s STATS (what ``recdev-server --stats`` prints) as a dict:
     ``rows``, ``bytes``, ``max_memory``, ``requests``, ``errors``, ``connections``, ``sessions``,
     ``uptime_seconds``, ``tables``, and ``table_counters`` (each table's rows, evicted, admitted,
-    pending, budget, and disk tier: spill, rows_on_disk, disk_bytes, disk_reads, disk_writes). ``address`` is
-    ``HOST:PORT``; ``token`` the server's ``--token-file`` token."""
+    pending, budget, and disk tier: spill, rows_on_disk, disk_bytes, disk_reads, disk_writes); for a
+    serving shard (``--serve``), ``serving_dir``, ``serving_version`` (0 before its first) and
+    ``serving_age_seconds`` (since that version was written). ``address`` is ``HOST:PORT``; ``token``
+    the server's ``--token-file`` token."""
     return dict(_C._server_stats(address, token, timeout))
 
 

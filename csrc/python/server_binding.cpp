@@ -56,6 +56,15 @@ void bind_server_stats(py::module_& m) {
           tables.append(entry);
         }
         d["table_counters"] = tables;
+        // A serving shard's (--serve): the directory, the version served (0: none yet) and its age.
+        d["serving_dir"] = stats.serving_dir;
+        d["serving_version"] = stats.serving_version;
+        if (stats.serving_version != 0) {
+          const int64_t now_ms =
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+          d["serving_age_seconds"] = double(now_ms - stats.serving_written_unix_ms) / 1000.0;
+        }
         return d;
       },
       py::arg("address"), py::arg("token") = "", py::arg("timeout") = 10.0, "The STATS of one server, as a dict.");

@@ -33,7 +33,8 @@ void translate_store_error(std::exception_ptr error) {
       case ErrorCode::Io: type = PyExc_OSError; break;
       case ErrorCode::Full: type = store_full_error != nullptr ? store_full_error : PyExc_MemoryError; break;
       case ErrorCode::Unavailable: type = PyExc_ConnectionError; break;
-      case ErrorCode::PermissionDenied: type = PyExc_PermissionError; break;
+      case ErrorCode::PermissionDenied:
+      case ErrorCode::ReadOnly: type = PyExc_PermissionError; break;
       case ErrorCode::Protocol: break;  // RuntimeError: the two sides disagree on the protocol
     }
     // "replace": a message quoting a damaged file's table name may not be valid UTF-8.

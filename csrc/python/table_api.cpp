@@ -355,7 +355,8 @@ py::dict store_info() {
   return info;
 }
 
-void connect(const std::optional<std::string>& servers, const std::string& token, double timeout_seconds) {
+void connect(const std::optional<std::string>& servers, const std::string& token, double timeout_seconds,
+             bool read_only) {
   if (!servers) {
     set_current_store(embedded_store());
     return;
@@ -363,7 +364,7 @@ void connect(const std::optional<std::string>& servers, const std::string& token
   std::shared_ptr<store::StoreClient> client;
   {
     py::gil_scoped_release no_gil;
-    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds);
+    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds, read_only);
   }
   set_current_store(std::move(client));
 }
@@ -436,6 +437,12 @@ void bind_table_api(py::module_& m) {
   m.def("_restore_version", [](const std::string& directory, std::optional<uint64_t> version) {
     py::gil_scoped_release no_gil;
     return current_store()->restore(directory, version);
+  });
+  m.def("_export_tables", [](const std::string& directory, std::optional<at::ScalarType> dtype) {
+    std::optional<store::ElementType> type;
+    if (dtype) type = device::element_type_of(*dtype);
+    py::gil_scoped_release no_gil;
+    return current_store()->export_tables(directory, type);
   });
   m.def("_list_versions", [](const std::string& directory) {
     py::gil_scoped_release no_gil;

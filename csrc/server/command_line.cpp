@@ -1,6 +1,7 @@
 #include "command_line.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -62,6 +63,7 @@ const std::map<std::string, Setter>& flags() {
       {"--token-file", [](CommandLine& c, const std::string& v) { c.token_file = v; }},
       {"--checkpoint-dir", [](CommandLine& c, const std::string& v) { c.server.checkpoint_dir = v; }},
       {"--disk-dir", [](CommandLine& c, const std::string& v) { c.server.disk_dir = v; }},
+      {"--serve", [](CommandLine& c, const std::string& v) { c.server.service.serve_dir = v; }},
       {"--checkpoint-every",
        [](CommandLine& c, const std::string& v) {
          c.server.checkpoint_every = parse_seconds("--checkpoint-every", v);
@@ -138,7 +140,7 @@ std::string usage() {
   return "usage: recdev-server [--listen HOST:PORT] [--shard I] [--num-shards N] [--token-file F]\n"
          "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
          "                     [--lease-seconds SECONDS] [--max-connections N] [--idle-timeout SECONDS]\n"
-         "                     [--max-staged-bytes BYTES] [--disk-dir D]\n"
+         "                     [--max-staged-bytes BYTES] [--disk-dir D] [--serve D]\n"
          "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
 }
 
@@ -155,6 +157,9 @@ Serve one shard of a remote recdev store (docs/server.md), or print a server's s
   --checkpoint-dir D        load this shard's checkpoint from D at start; write one there at shutdown
   --checkpoint-every S      also write a checkpoint every S seconds (needs --checkpoint-dir)
   --disk-dir D              keep the rows that tables with spill=True evict in D (docs/disk_tier.md)
+  --serve D                 a read-only serving shard: serve the newest version in D (written by
+                            ops.checkpoint or a shard's --checkpoint-dir), this shard's rows of it, and
+                            follow new ones as they appear; writes are refused (docs/online.md)
   --max-memory BYTES        answer 'store full' errors instead of growing past BYTES (e.g. 8G);
                             default no limit
   --lease-seconds S         free a session's anonymous tables after S seconds without a connection
@@ -185,6 +190,21 @@ std::string format_stats(const std::string& address, const net::ServerStats& sta
       << "connections  " << stats.connections << "\n"
       << "sessions     " << stats.sessions << "\n"
       << "uptime       " << uptime << "\n";
+  if (!stats.serving_dir.empty()) {
+    out << "serving      ";
+    if (stats.serving_version == 0) {
+      out << "no version yet of " << stats.serving_dir << "\n";
+    } else {
+      const double age = double(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count() -
+                                stats.serving_written_unix_ms) /
+                         1000.0;
+      char written[64];
+      std::snprintf(written, sizeof(written), "%.1f s", age);
+      out << "version " << stats.serving_version << " of " << stats.serving_dir << ", written " << written << " ago\n";
+    }
+  }
   // Per table: what its policy did on this shard (a budget is this shard's share of the table's).
   for (const net::TableCounters& table : stats.table_counters) {
     out << "table        " << (table.name.empty() ? "(anonymous " + std::to_string(table.table_id) + ")" : table.name)

@@ -375,22 +375,19 @@ CheckpointSummary save_store(const std::string& path, const Store& store) {
   return write_checkpoint(path, tables);
 }
 
-std::vector<std::string> load_store(const std::string& path, Store& store) {
+std::vector<StagedTable> read_store_file(const std::string& path) {
   std::set<std::string> seen;
-  std::vector<StagedTable> staged = read_checkpoint(
+  return read_checkpoint(
       path,
       [&](const CheckpointTableInfo& info) {
         if (info.name.empty()) corrupt(path, "holds an anonymous table; load it with load_table");
         if (!seen.insert(info.name).second) corrupt(path, "holds table '" + info.name + "' twice");
-        if (const auto id = store.find(info.name)) {
-          const TableConfig existing = store.table(*id)->config();
-          if (!same_shape(info.config, existing)) {
-            corrupt(path, "holds table '" + info.name + "' with " + shape_text(info.config) +
-                              ", but the store's table of that name has " + shape_text(existing));
-          }
-        }
       },
       true);
+}
+
+std::vector<std::string> load_store(const std::string& path, Store& store) {
+  std::vector<StagedTable> staged = read_store_file(path);
   return install_into_store(path, staged, store);
 }
 

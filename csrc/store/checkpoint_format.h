@@ -104,6 +104,10 @@ void write_policy_block(ChecksummedWriter& out, const std::optional<TablePolicyS
 // A section's policy block, decoded into staged.info.policy.
 void read_policy_block(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged);
 
+// A store checkpoint file's named tables, verified and staged (what load_store installs), for a
+// client that sends them elsewhere (a remote store's load).
+std::vector<StagedTable> read_store_file(const std::string& path);
+
 // Installs verified sections into the store's named tables of the same names, creating the missing
 // ones; an existing table must have the section's shape (checked for all before any changes).
 // Returns the names.

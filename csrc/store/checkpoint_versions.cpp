@@ -339,6 +339,13 @@ std::vector<VersionFile> list_version_files(const std::string& directory) {
   return files;
 }
 
+uint64_t newest_version(const std::string& directory) {
+  const std::vector<uint64_t> versions = restorable_versions(directory);
+  if (versions.empty())
+    throw StoreError(ErrorCode::NotFound, "'" + directory + "' holds no complete version to restore");
+  return versions.back();
+}
+
 std::vector<uint64_t> restorable_versions(const std::string& directory) {
   const std::vector<VersionFile> files = list_version_files(directory);
   std::vector<uint64_t> versions;
@@ -383,12 +390,7 @@ std::vector<StagedTable> read_version(const std::string& directory, uint64_t ver
 
 std::pair<uint64_t, std::vector<std::string>> restore_version(const std::string& directory,
                                                               std::optional<uint64_t> version, Store& store) {
-  if (!version) {
-    const std::vector<uint64_t> versions = restorable_versions(directory);
-    if (versions.empty())
-      throw StoreError(ErrorCode::NotFound, "'" + directory + "' holds no complete version to restore");
-    version = versions.back();
-  }
+  if (!version) version = newest_version(directory);
   std::vector<StagedTable> tables = read_version(directory, *version);
   return {*version, install_into_store(directory, tables, store)};
 }
@@ -408,6 +410,19 @@ void VersionWriter::wait_compaction() {
 std::string describe(const WrittenVersion& written) {
   return "version " + std::to_string(written.version) + (written.base ? ", base, " : ", delta, ") +
          describe(written.summary);
+}
+
+WrittenVersion VersionWriter::write_base_alone(const std::function<std::vector<NamedCut>()>& cut) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  make_directory(directory_);
+  remove_temp_files_in(directory_, TempFiles::OfDeadWriters);
+  const std::vector<VersionFile> files = list_version_files(directory_);
+  const uint64_t version = (files.empty() ? 0 : files.back().version) + 1;
+  chain_ = 0;  // the next checkpoint is a base again
+  const std::vector<NamedCut> cuts = cut();
+  WrittenVersion written{version, true, directory_ + "/" + file_name(version, true), {}};
+  written.summary = write_version_file(written.path, version, random_chain(), true, cuts);
+  return written;
 }
 
 WrittenVersion VersionWriter::write(const VersionSource& source) {
@@ -478,6 +493,67 @@ void VersionWriter::compact_if_due(const std::vector<VersionFile>& files, uint64
     } catch (...) {
       compaction_error_ = std::current_exception();
     }
+  });
+}
+
+TableCut whole_cut(TableSnapshot& snapshot) {
+  TableCut cut;
+  cut.header = snapshot.header;
+  cut.whole = true;
+  const size_t record_words = snapshot.rows.record_words();
+  cut.ids.reserve(snapshot.header.row_count);
+  cut.records.reserve(snapshot.header.row_count * record_words);
+  snapshot.rows.for_each([&](uint64_t id, const float* record) {
+    cut.ids.push_back(id);
+    cut.records.insert(cut.records.end(), record, record + record_words);
+  });
+  cut.header.row_count = cut.ids.size();
+  return cut;
+}
+
+TableCut exported(TableCut whole, std::optional<ElementType> dtype, const std::string& name) {
+  TableConfig& config = whole.header.config;
+  const uint32_t record_words = config.row_words + config.state_words;
+  const bool narrow = dtype && *dtype != config.dtype;
+  if (narrow &&
+      (config.dtype != ElementType::Float32 || (*dtype != ElementType::Float16 && *dtype != ElementType::BFloat16))) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "cannot export table '" + name + "' of " + describe(config.dtype) + " rows as " +
+                         describe(*dtype) +
+                         ": an export narrows float32 rows to float16 or bfloat16, or keeps a table's type");
+  }
+  const uint32_t elements = config.row_words;  // float32: one element per word
+  const uint32_t row_words = narrow ? (elements * 2 + 3) / 4 : config.row_words;
+  std::vector<float> records(whole.ids.size() * size_t{row_words}, 0.0f);
+  for (size_t row = 0; row < whole.ids.size(); ++row) {
+    const float* from = whole.records.data() + row * record_words;
+    float* to = records.data() + row * row_words;
+    if (narrow) {
+      narrow_from_float(*dtype, from, to, elements);
+    } else {
+      std::copy(from, from + row_words, to);
+    }
+  }
+  whole.records = std::move(records);
+  config.row_words = row_words;
+  config.state_words = 0;
+  if (narrow) config.dtype = *dtype;
+  whole.header.optimizer = OptimizerConfig{};
+  whole.header.optimizer_step = 0;
+  whole.policy.reset();
+  whole.erased.clear();
+  return whole;
+}
+
+WrittenVersion export_store_version(const std::string& directory, const Store& store,
+                                    std::optional<ElementType> dtype) {
+  return version_writer_for(directory).write_base_alone([&] {
+    std::vector<NamedCut> cuts;
+    for (const auto& [name, table] : store.named_tables()) {
+      TableSnapshot snapshot = table->snapshot();
+      cuts.push_back(NamedCut{name, exported(whole_cut(snapshot), dtype, name)});
+    }
+    return cuts;
   });
 }
 

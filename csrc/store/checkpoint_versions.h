@@ -64,6 +64,10 @@ struct VersionFile {
 std::vector<VersionFile> list_version_files(const std::string& directory);
 // The versions a restore reaches: v, such that a base b <= v and the deltas b+1 .. v of its chain exist.
 std::vector<uint64_t> restorable_versions(const std::string& directory);
+// The newest of them; StoreError(NotFound) when there is none.
+uint64_t newest_version(const std::string& directory);
+// The newest of them; StoreError(NotFound) when there is none.
+uint64_t newest_version(const std::string& directory);
 
 // A version's tables, assembled from its base and deltas with every file verified; StoreError(NotFound)
 // names the versions there are when it is not restorable, StoreError(Corrupt) names a bad file.
@@ -107,6 +111,9 @@ class VersionWriter {
   // Writes the next version (a delta, or a base: see above) and returns its number. On failure (a
   // full disk) nothing is left in the directory and the next version is a base.
   WrittenVersion write(const VersionSource& source);
+  // Writes the next version as a base of its own that no delta follows (an export): `cut` gets a
+  // chain no table follows and must cut every table whole.
+  WrittenVersion write_base_alone(const std::function<std::vector<NamedCut>()>& cut);
   // Waits for a compaction in progress; throws what it failed with, if it did.
   void wait_compaction();
 
@@ -126,5 +133,15 @@ VersionWriter& version_writer_for(const std::string& directory);
 
 // A version of every named table of an in-process store.
 WrittenVersion checkpoint_store_version(const std::string& directory, const Store& store);
+
+// An export for inference: a whole cut's rows without optimizer state (state_words 0, no optimizer,
+// step 0, no policy), and narrowed to `dtype` if given (float32 rows to float16 or bfloat16, rounded
+// to nearest even; a table already of that type as it is). StoreError(InvalidArgument) for another
+// narrowing.
+TableCut exported(TableCut whole, std::optional<ElementType> dtype, const std::string& name);
+// export_tables of an in-process store: every named table, exported, as a base version of its own.
+WrittenVersion export_store_version(const std::string& directory, const Store& store, std::optional<ElementType> dtype);
+// A whole cut of a snapshot (ids and records copied out).
+TableCut whole_cut(TableSnapshot& snapshot);
 
 }  // namespace recdev::store

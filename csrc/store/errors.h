@@ -22,6 +22,7 @@ enum class ErrorCode : uint8_t {
   Unavailable = 7,       // a server could not be reached or did not answer within the timeout
   PermissionDenied = 8,  // a wrong or missing token
   Protocol = 9,          // a malformed frame, a wrong protocol version, an unknown opcode
+  ReadOnly = 10,         // a write to a read-only serving shard, or on a read-only connection
 };
 
 class StoreError : public std::runtime_error {

@@ -110,6 +110,9 @@ std::pair<uint64_t, std::vector<std::string>> EmbeddedStoreClient::restore(const
                                                                            std::optional<uint64_t> version) {
   return restore_version(directory, version, store_);
 }
+uint64_t EmbeddedStoreClient::export_tables(const std::string& directory, std::optional<ElementType> dtype) {
+  return export_store_version(directory, store_, dtype).version;
+}
 
 std::string EmbeddedStoreClient::kind() const { return "embedded"; }
 std::vector<std::string> EmbeddedStoreClient::servers() const { return {}; }

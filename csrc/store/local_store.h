@@ -79,6 +79,7 @@ class EmbeddedStoreClient final : public StoreClient {
   uint64_t checkpoint(const std::string& directory) override;
   std::pair<uint64_t, std::vector<std::string>> restore(const std::string& directory,
                                                         std::optional<uint64_t> version) override;
+  uint64_t export_tables(const std::string& directory, std::optional<ElementType> dtype) override;
 
   std::string kind() const override;
   std::vector<std::string> servers() const override;

@@ -156,6 +156,10 @@ class StoreClient {
   virtual uint64_t checkpoint(const std::string& directory) = 0;
   virtual std::pair<uint64_t, std::vector<std::string>> restore(const std::string& directory,
                                                                 std::optional<uint64_t> version) = 0;
+  // An export for inference into the same kind of directory: every named table's rows without
+  // optimizer state, narrowed to `dtype` if given, as a base version (checkpoint_versions.h's
+  // exported); returns its number.
+  virtual uint64_t export_tables(const std::string& directory, std::optional<ElementType> dtype) = 0;
 
   // "embedded", or "remote"; the servers (empty when embedded).
   virtual std::string kind() const = 0;

@@ -147,6 +147,40 @@ def sync_spilled(out: dict) -> None:
                            for kind in SYNC_KINDS}
 
 
+def sync_versions(out: dict) -> None:
+    """ops.checkpoint(fleet=True) between steps of a synchronous fleet: each version restores to exactly
+    the tables as they were between those two steps."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    directory = os.path.join(os.environ["FLEET_OUT"], "versions")
+    reset = rank == 0 or torch_recdev.store_info()["kind"] == "embedded"
+    tables = [ops.init_embedding_table(f"versions.{t}", 10_000, 8, init=torch_recdev.Normal(0, 0.1), reset=reset,
+                                       ).requires_grad_(True) for t in "ab"]
+    dist.barrier()
+    optimizer = torch_recdev.optim.RowWiseAdagrad(tables, lr=0.05, sync=True)
+    share = SYNC_BATCH // world
+    mine = slice(rank * share, (rank + 1) * share)
+    states = {}
+    for step in range(6):
+        g = torch.Generator().manual_seed(2000 + step)
+        ids, weights = torch.randint(0, SYNC_IDS, (SYNC_BATCH,), generator=g), torch.randn(SYNC_BATCH, 8, generator=g)
+        looked_up = nn.functional.embedding(ids[mine], tables[0]).cpu() + nn.functional.embedding(
+            (ids[mine] * 7 + 1) % SYNC_IDS, tables[1]).cpu()
+        (looked_up * weights[mine]).sum().backward()
+        optimizer.step()
+        if step % 2 == 1:
+            version = ops.checkpoint(directory, fleet=True)
+            states[version] = [t.detach()[:SYNC_IDS].cpu().clone() for t in tables]  # nothing moves until all go on
+            dist.barrier()
+    dist.barrier()
+    if rank == 0:
+        out["versions_restored"] = {}
+        for version, state in states.items():
+            ops.restore(directory, version)
+            out["versions_restored"][version] = all(torch.equal(t.detach()[:SYNC_IDS].cpu(), s)
+                                                    for t, s in zip(tables, state))
+    dist.barrier()
+
+
 def sync_in_backward(out: dict) -> None:
     out["sync_in_backward"] = {kind: sync_train(kind, dist.get_rank(), dist.get_world_size(), True, in_backward=True)
                                for kind in SYNC_KINDS}

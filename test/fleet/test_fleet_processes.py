@@ -2,7 +2,9 @@
 rank 0 only; every rank declares every table with its init and no update is lost (exact SGD sums);
 share_tables on a model; a checkpoint saved by rank 0 and resumed by all; sync=True equal to one
 process with the whole batch, on shards and on the embedded store, stepped by hand or by
-apply_optimizer_in_backward's backward, and on shards with spilled tables (a memory tier of 2/3 of the rows); a rank killed in sync mode, on shards and on the embedded store."""
+apply_optimizer_in_backward's backward, and on shards with spilled tables (a memory tier of 2/3 of the rows); fleet
+versions (ops.checkpoint(fleet=True)) of a synchronous fleet; a rank killed in sync mode, on shards and on the embedded
+store."""
 
 import pytest
 import torch
@@ -19,7 +21,8 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
     servers = local_shards.start_shards(2, "--disk-dir", str(tmp / "disk"), log_dir=str(tmp))
     try:
-        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference,sync_in_backward,sync_spilled,sync_killed",
+        out = run_fleet("async_sums,shared_model,checkpoint,sync_reference,sync_in_backward,sync_spilled,sync_versions,"
+                        "sync_killed",
                         tmp, servers=local_shards.server_list(servers))
         yield out, local_shards.server_list(servers)
     finally:
@@ -69,7 +72,7 @@ def test_checkpoint_saved_by_rank_0_is_resumed_by_every_rank(fleet):
 @pytest.fixture(scope="module")
 def embedded_fleet(tmp_path_factory):
     """Two ranks on their own embedded stores: synchronous replicas, then a rank killed mid-job."""
-    return run_fleet("sync_reference,sync_in_backward,sync_replicas_with_policy,sync_killed",
+    return run_fleet("sync_reference,sync_in_backward,sync_replicas_with_policy,sync_versions,sync_killed",
                      tmp_path_factory.mktemp("embedded_fleet"))
 
 
@@ -101,6 +104,15 @@ def test_sync_on_two_shards_with_spilled_tables_equals_one_process_without_a_bud
     out, _ = fleet
     for rank in out:
         torch.testing.assert_close(rank["sync_spilled"][kind], reference[kind], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("where", ["embedded_fleet", "fleet"])
+def test_fleet_versions_of_a_synchronous_fleet_restore_the_tables_between_the_same_two_steps(where, request):
+    """ops.checkpoint(fleet=True) after every second step: rank 0 restores each version and finds the
+    tables exactly as every rank left them between those two steps."""
+    out = request.getfixturevalue(where)
+    out = out[0] if where == "fleet" else out
+    assert out[0]["versions_restored"] == {1: True, 2: True, 3: True}
 
 
 @pytest.mark.parametrize("kind", fleet_worker.SYNC_KINDS)

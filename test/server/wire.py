@@ -344,6 +344,7 @@ class Connection:
                                       admitted=r.u64(), pending=r.u64(), rows_on_disk=r.u64(), disk_bytes=r.u64(),
                                       disk_reads=r.u64(), disk_writes=r.u64(), policy=r.policy())
                          for _ in range(r.u32())]
+        out.update(serving_dir=r.string(), serving_version=r.u64(), serving_written_unix_ms=r.i64())
         r.end()
         return out
 

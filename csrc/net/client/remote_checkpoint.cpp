@@ -66,38 +66,36 @@ void save_checkpoint(RemoteSession& session, const std::string& path) {
   store::save_store(path, local);
 }
 
-// The named tables of `local` onto the shards, as a staged load committed on every shard.
-void load_from_local(RemoteSession& session, store::Store& local, const std::vector<std::string>& names) {
+// Verified tables onto the shards, as a staged load committed on every shard (each shard gets its
+// share of a table's policy state). Returns their names.
+std::vector<std::string> load_staged(RemoteSession& session, std::vector<store::StagedTable>& tables) {
   RemoteSession::Lease lease(session);
   std::vector<std::unique_ptr<TableLoad>> loads;
   std::vector<const TableLoad*> staged;
+  std::vector<std::string> names;
   try {
-    for (const std::string& name : names) {
-      const auto policy = local.table(*local.find(name))->policy_state();
-      local.table(*local.find(name))
-          ->scan(
-              [&](const store::TableScanHeader& header) {
-                const BeginLoadRequest request{
-                    name, 0, header.config, header.init_stream, header.optimizer, header.optimizer_step, {}};
-                loads.push_back(std::make_unique<TableLoad>(session, lease, request, std::vector<uint64_t>{},
-                                                            route_key_of_name(name), policy ? &*policy : nullptr));
-                staged.push_back(loads.back().get());
-              },
-              [&](uint64_t row_id, const float* record) { loads.back()->add(row_id, record); });
+    for (store::StagedTable& table : tables) {
+      const store::CheckpointTableInfo& info = table.info;
+      const BeginLoadRequest request{info.name,           0, info.config, info.init_stream, info.optimizer,
+                                     info.optimizer_step, {}};
+      loads.push_back(std::make_unique<TableLoad>(session, lease, request, std::vector<uint64_t>{},
+                                                  route_key_of_name(info.name), info.policy ? &*info.policy : nullptr));
+      staged.push_back(loads.back().get());
+      table.rows.for_each([&](uint64_t row_id, const float* record) { loads.back()->add(row_id, record); });
       loads.back()->flush();
+      names.push_back(info.name);
     }
     commit_loads(session, lease, staged);
   } catch (...) {
     abort_loads(session, lease, staged);
     throw;
   }
+  return names;
 }
 
 std::vector<std::string> load_checkpoint(RemoteSession& session, const std::string& path) {
-  store::Store local;
-  const std::vector<std::string> names = store::load_store(path, local);
-  load_from_local(session, local, names);
-  return names;
+  std::vector<store::StagedTable> tables = store::read_store_file(path);
+  return load_staged(session, tables);
 }
 
 uint64_t save_version(RemoteSession& session, const std::string& directory) {
@@ -112,15 +110,7 @@ uint64_t save_version(RemoteSession& session, const std::string& directory) {
       if (!cut) {
         // Every row instead, as ops.save takes it (a later delta may repeat some of them).
         store::TableSnapshot snapshot = dump_snapshot(session, lease, ids, label);
-        cut.emplace();
-        cut->header = snapshot.header;
-        cut->whole = true;
-        const size_t record_words = snapshot.rows.record_words();
-        snapshot.rows.for_each([&](uint64_t id, const float* record) {
-          cut->ids.push_back(id);
-          cut->records.insert(cut->records.end(), record, record + record_words);
-        });
-        cut->header.row_count = cut->ids.size();
+        cut = store::whole_cut(snapshot);
         cut->policy = fetch_policy_state(session, lease, ids, snapshot.header.config.num_rows, label);
       }
       cuts.push_back(store::NamedCut{name, std::move(*cut)});
@@ -133,12 +123,26 @@ uint64_t save_version(RemoteSession& session, const std::string& directory) {
   return store::version_writer_for(directory).write(source).version;
 }
 
+uint64_t export_version(RemoteSession& session, const std::string& directory, std::optional<store::ElementType> dtype) {
+  RemoteSession::Lease lease(session);
+  const auto tables = named_tables(session, lease);
+  return store::version_writer_for(directory)
+      .write_base_alone([&] {
+        std::vector<store::NamedCut> cuts;
+        for (const auto& [name, ids] : tables) {
+          store::TableSnapshot snapshot = dump_snapshot(session, lease, ids, "table '" + name + "'");
+          cuts.push_back(store::NamedCut{name, store::exported(store::whole_cut(snapshot), dtype, name)});
+        }
+        return cuts;
+      })
+      .version;
+}
+
 std::pair<uint64_t, std::vector<std::string>> restore_version(RemoteSession& session, const std::string& directory,
                                                               std::optional<uint64_t> version) {
-  store::Store local;
-  auto restored = store::restore_version(directory, version, local);
-  load_from_local(session, local, restored.second);
-  return restored;
+  if (!version) version = store::newest_version(directory);
+  std::vector<store::StagedTable> tables = store::read_version(directory, *version);
+  return {*version, load_staged(session, tables)};
 }
 
 }  // namespace recdev::net

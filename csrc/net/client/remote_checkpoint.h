@@ -31,5 +31,7 @@ std::vector<std::string> load_checkpoint(RemoteSession& session, const std::stri
 uint64_t save_version(RemoteSession& session, const std::string& directory);
 std::pair<uint64_t, std::vector<std::string>> restore_version(RemoteSession& session, const std::string& directory,
                                                               std::optional<uint64_t> version);
+// export_tables (store::StoreClient) of every named table, read from every shard with DUMP.
+uint64_t export_version(RemoteSession& session, const std::string& directory, std::optional<store::ElementType> dtype);
 
 }  // namespace recdev::net

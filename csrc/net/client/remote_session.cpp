@@ -56,8 +56,9 @@ std::vector<std::string> parse_server_list(const std::string& list) {
   return servers;
 }
 
-RemoteSession::RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds)
-    : servers_(std::move(servers)), token_(std::move(token)), timeout_seconds_(timeout_seconds) {
+RemoteSession::RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds,
+                             bool read_only)
+    : servers_(std::move(servers)), token_(std::move(token)), timeout_seconds_(timeout_seconds), read_only_(read_only) {
   if (servers_.empty()) throw StoreError(ErrorCode::InvalidArgument, "a remote store needs at least one server");
   if (!(timeout_seconds_ > 0)) {
     throw StoreError(ErrorCode::InvalidArgument, "timeout must be a positive number of seconds");
@@ -199,6 +200,15 @@ void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::
 
 void RemoteSession::exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                                     const std::function<void(size_t)>& on_answer) {
+  if (read_only_) {
+    for (const Call& call : calls) {
+      if (changes_tables(call.opcode)) {
+        throw StoreError(ErrorCode::ReadOnly, std::string(opcode_name(uint8_t(call.opcode))) +
+                                                  " refused: this connection is read-only (torch_recdev.connect(..., "
+                                                  "read_only=True)); connect without read_only to change tables");
+      }
+    }
+  }
   std::vector<ShardConnection*> connections(links_.size(), nullptr);
   for (const Call& call : calls) {
     if (connections[call.shard] == nullptr) connections[call.shard] = &lease.connection(call.shard);

@@ -46,7 +46,10 @@ class RemoteSession {
  public:
   // servers: "host:port" of shard 0, 1, ... The first connection to each is opened here, so a bad
   // address, a wrong token or a server that is not listening fails now.
-  RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds);
+  // read_only: every request that would change a table (changes_tables) is refused here, before it
+  // is sent (StoreError(ReadOnly)): for inference against serving shards or training shards alike.
+  RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds, bool read_only = false);
+  bool read_only() const { return read_only_; }
   ~RemoteSession();
   RemoteSession(const RemoteSession&) = delete;
   RemoteSession& operator=(const RemoteSession&) = delete;
@@ -113,6 +116,7 @@ class RemoteSession {
   const std::vector<std::string> servers_;
   const std::string token_;
   const double timeout_seconds_;
+  const bool read_only_;
   const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
   std::vector<std::unique_ptr<Link>> links_;
 

@@ -27,8 +27,9 @@ uint64_t random_route_key() {
 
 }  // namespace
 
-RemoteStoreClient::RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds)
-    : session_(std::make_shared<RemoteSession>(parse_server_list(servers), token, timeout_seconds)) {}
+RemoteStoreClient::RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds,
+                                     bool read_only)
+    : session_(std::make_shared<RemoteSession>(parse_server_list(servers), token, timeout_seconds, read_only)) {}
 
 std::vector<std::string> RemoteStoreClient::servers() const {
   std::vector<std::string> servers;
@@ -98,6 +99,7 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::declare(const std::string
   if (name.empty()) throw StoreError(ErrorCode::InvalidArgument, "a named table needs a non-empty name");
   store::validate_table_config(declaration.config);
   if (declaration.optimizer) store::validate_optimizer(*declaration.optimizer);
+  if (session_->read_only()) return open_read_only(name, declaration);
   RemoteSession::Lease lease(*session_);
   if (!declaration.reset) refuse_if_lost(lease, name);
   std::vector<Call> calls;
@@ -108,6 +110,32 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::declare(const std::string
   std::vector<TableDescription> found;
   for (const Call& call : calls) found.push_back(answer_of<TableDescription>(call));
   return named_from(name, found, lease);
+}
+
+std::shared_ptr<store::TableHandle> RemoteStoreClient::open_read_only(const std::string& name,
+                                                                      const store::TableDeclaration& declaration) {
+  if (declaration.reset) {
+    throw StoreError(
+        ErrorCode::ReadOnly,
+        "cannot reset table '" + name + "' on a read-only connection (torch_recdev.connect(..., read_only=True))");
+  }
+  const auto found = find(name);
+  if (!found) {
+    throw StoreError(ErrorCode::NotFound, "table '" + name +
+                                              "' is not on the servers of this read-only connection; a serving "
+                                              "shard holds the tables of the version it serves (recdev-server --stats "
+                                              "lists them)");
+  }
+  const store::TableConfig held = (*found)->config();
+  const store::TableConfig& wanted = declaration.config;
+  if (held.num_rows != wanted.num_rows || held.row_words != wanted.row_words || held.dtype != wanted.dtype) {
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "table '" + name + "' is served with num_rows " + std::to_string(held.num_rows) + ", dim " +
+                         std::to_string(held.row_words) + " and dtype " + store::describe(held.dtype) +
+                         "; the declaration has num_rows " + std::to_string(wanted.num_rows) + ", dim " +
+                         std::to_string(wanted.row_words) + " and dtype " + store::describe(wanted.dtype));
+  }
+  return *found;
 }
 
 std::vector<std::optional<TableDescription>> RemoteStoreClient::find_on_every_shard(RemoteSession::Lease& lease,
@@ -178,6 +206,9 @@ uint64_t RemoteStoreClient::checkpoint(const std::string& directory) { return sa
 std::pair<uint64_t, std::vector<std::string>> RemoteStoreClient::restore(const std::string& directory,
                                                                          std::optional<uint64_t> version) {
   return restore_version(*session_, directory, version);
+}
+uint64_t RemoteStoreClient::export_tables(const std::string& directory, std::optional<store::ElementType> dtype) {
+  return export_version(*session_, directory, dtype);
 }
 
 }  // namespace recdev::net

@@ -179,7 +179,10 @@ class RemoteTable final : public store::TableHandle {
 class RemoteStoreClient final : public store::StoreClient, public store::SyncSteps {
  public:
   // servers: "tcp://h1:7070,tcp://h2:7071" (parse_server_list). Connects to every server now.
-  RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds);
+  // read_only: RemoteSession's; declarations then open existing tables only (find, shape and dtype
+  // checked) and create none.
+  RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds,
+                    bool read_only = false);
 
   std::shared_ptr<store::TableHandle> create_table(const store::TableConfig& config,
                                                    std::optional<uint64_t> init_stream) override;
@@ -193,6 +196,7 @@ class RemoteStoreClient final : public store::StoreClient, public store::SyncSte
   uint64_t checkpoint(const std::string& directory) override;
   std::pair<uint64_t, std::vector<std::string>> restore(const std::string& directory,
                                                         std::optional<uint64_t> version) override;
+  uint64_t export_tables(const std::string& directory, std::optional<store::ElementType> dtype) override;
 
   std::string kind() const override { return "remote"; }
   std::vector<std::string> servers() const override;
@@ -203,6 +207,9 @@ class RemoteStoreClient final : public store::StoreClient, public store::SyncSte
   void commit_step(const std::vector<store::TableHandle*>& tables, const StepTag& tag, double timeout_seconds) override;
 
  private:
+  // A declaration on a read-only connection: the existing table, if its shape and dtype match.
+  std::shared_ptr<store::TableHandle> open_read_only(const std::string& name,
+                                                     const store::TableDeclaration& declaration);
   std::shared_ptr<RemoteTable> named_from(const std::string& name, const std::vector<TableDescription>& found,
                                           RemoteSession::Lease& lease);
   // FIND on every shard: the table's description on each, or none where it is not.

@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 
+#include "serving.h"
 #include "shard_checkpoints.h"
 #include "store/disk_dir.h"
 #include "store/errors.h"
@@ -45,6 +46,10 @@ constexpr auto kStopPoll = std::chrono::milliseconds(200);
 constexpr auto kStopGrace = std::chrono::seconds(5);
 
 // Set by the signal handler; the self-pipe wakes the accept loop at once.
+// How often a serving shard looks for a new version: a version is served within about this long of
+// its completion, plus its load.
+constexpr auto kFollowEvery = std::chrono::milliseconds(200);
+
 std::atomic<bool> stop_requested{false};
 int stop_pipe[2] = {-1, -1};
 
@@ -290,6 +295,16 @@ void housekeeping(const ServerOptions& options, ShardService& service) {
   }
 }
 
+// A serving shard's: looks for a new version kFollowEvery until stop_requested.
+void follow_versions(VersionFollower& follower) {
+  while (!stop_requested.load()) {
+    pollfd entry{stop_pipe[0], POLLIN, 0};
+    ::poll(&entry, 1, int(std::chrono::duration_cast<std::chrono::milliseconds>(kFollowEvery).count()));
+    if (stop_requested.load()) break;
+    follower.check();
+  }
+}
+
 void validate(const ServerOptions& options) {
   const ServiceOptions& service = options.service;
   const auto invalid = [](const std::string& message) { throw StoreError(ErrorCode::InvalidArgument, message); };
@@ -303,6 +318,9 @@ void validate(const ServerOptions& options) {
   if (options.checkpoint_every > 0 && options.checkpoint_dir.empty())
     invalid("--checkpoint-every needs --checkpoint-dir");
   if (options.max_connections < 1) invalid("--max-connections must be at least 1");
+  if (!service.serve_dir.empty() && !options.checkpoint_dir.empty()) {
+    invalid("--serve and --checkpoint-dir do not go together: a serving shard is read-only and writes no checkpoints");
+  }
   if (!(options.idle_timeout > 0)) invalid("--idle-timeout must be positive");
   if (service.token.size() > kMaxTokenBytes)
     invalid("the token is longer than " + std::to_string(kMaxTokenBytes) + " bytes");
@@ -468,6 +486,11 @@ void run_server(const ServerOptions& options) {
   const uint64_t left_behind = store::set_disk_dir(options.disk_dir);
   if (left_behind != 0) log("removed " + std::to_string(left_behind) + " disk-tier directories of dead processes");
   if (!options.checkpoint_dir.empty()) restore_shard_checkpoints(options.checkpoint_dir, service, log);
+  std::optional<VersionFollower> follower;
+  if (service.serving()) {
+    follower.emplace(options.service.serve_dir, service, log);
+    if (!follower->check()) log("no version of " + options.service.serve_dir + " to serve yet; waiting for one");
+  }
   HostPort bound;
   Socket listener = listen_on(parse_host_port(options.listen), bound);
   StopSignals signals;
@@ -478,11 +501,14 @@ void run_server(const ServerOptions& options) {
   ::fcntl(listener.fd(), F_SETFL, ::fcntl(listener.fd(), F_GETFL) | O_NONBLOCK);
   ConnectionCount connections;
   std::thread housekeeper(housekeeping, std::cref(options), std::ref(service));
+  std::thread following;
+  if (follower) following = std::thread(follow_versions, std::ref(*follower));
   Acceptor(options, service, listener, connections).run();
   listener.close();
   service.stop_staged_steps();  // a part waiting for a dead rank would hold its thread up to its timeout
   connections.wait_for_none();
   housekeeper.join();
+  if (following.joinable()) following.join();
   if (!options.checkpoint_dir.empty() && !write_shard_checkpoint(options.checkpoint_dir, service, log)) {
     throw StoreError(ErrorCode::Io, "stopped without writing the final checkpoint to " + options.checkpoint_dir);
   }

@@ -123,6 +123,15 @@ Response ShardService::handle(Session& session, const Frame& frame) {
 }
 
 std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame) {
+  std::shared_lock<VersionLock> one_version;  // a serving shard's swap waits for this request
+  if (serving()) {
+    if (changes_tables(frame.header.opcode)) {
+      throw StoreError(ErrorCode::ReadOnly, "refused: this is a read-only serving shard (recdev-server --serve " +
+                                                options_.serve_dir +
+                                                "); tables change on the training shards and reach it as versions");
+    }
+    one_version = std::shared_lock<VersionLock>(serving_mutex_);
+  }
   switch (frame.header.opcode) {
     case Opcode::Hello: throw StoreError(ErrorCode::Protocol, "HELLO was already received on this connection");
     case Opcode::Ping: decode<Empty>(frame); return reply_empty(frame);
@@ -138,7 +147,7 @@ std::vector<uint8_t> ShardService::dispatch(Session& session, const Frame& frame
       resolve(session, request.table_id).table->set_init(request.rule);
       return reply_empty(frame);
     }
-    case Opcode::Gather: return read_rows(session, frame, true);
+    case Opcode::Gather: return read_rows(session, frame, !serving());  // served rows stay the version's
     case Opcode::Peek: return read_rows(session, frame, false);
     case Opcode::GatherPooledPartial: return gather_pooled_partial(session, frame);
     case Opcode::Write: return write_or_update(session, frame, false);
@@ -398,6 +407,9 @@ ServerStats ShardService::stats() {
   stats.connections = connections_.load();
   stats.sessions = sessions_.size();
   stats.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+  stats.serving_dir = options_.serve_dir;
+  stats.serving_version = serving_version_.load();
+  stats.serving_written_unix_ms = serving_written_unix_ms_.load();
   return stats;
 }
 
@@ -417,6 +429,7 @@ std::vector<uint8_t> ShardService::create_table(Session& session, const Frame& f
 
 std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
   const auto request = decode<OpenNamedRequest>(frame);
+  if (serving()) return open_served(frame, request);
   store::validate_table_config(request.declaration.config);
   check_table_shape(request.declaration.config);
   const Reservation table_bytes = store_.find(request.name) ? Reservation() : reserve(kNewTableBytes);
@@ -427,6 +440,61 @@ std::vector<uint8_t> ShardService::open_named(const Frame& frame) {
   }
   register_table(declared.id, TableEntry{route_key_of_name(request.name), 0, request.name});
   return reply(frame, describe_table(declared.id, *store_.table(declared.id)));
+}
+
+// A declaration on a serving shard opens the table served under that name if its shape and dtype are
+// the declaration's; the rest of it (init rule, optimizer, policy) belongs to training.
+std::vector<uint8_t> ShardService::open_served(const Frame& frame, const OpenNamedRequest& request) {
+  if (request.declaration.reset) {
+    throw StoreError(ErrorCode::ReadOnly, "cannot reset table '" + request.name +
+                                              "' on a read-only serving shard (--serve " + options_.serve_dir + ")");
+  }
+  const auto id = store_.find(request.name);
+  if (!id) {
+    throw StoreError(ErrorCode::NotFound, "table '" + request.name + "' is not in version " +
+                                              std::to_string(serving_version_.load()) + " served from " +
+                                              options_.serve_dir);
+  }
+  const std::shared_ptr<store::Table> table = store_.table(*id);
+  const store::TableConfig held = table->config();
+  const store::TableConfig& wanted = request.declaration.config;
+  if (held.num_rows != wanted.num_rows || held.row_words != wanted.row_words || held.dtype != wanted.dtype) {
+    invalid("table '" + request.name + "' is served as " + store::describe(held) + "; the declaration has num_rows " +
+            std::to_string(wanted.num_rows) + ", dim " + std::to_string(wanted.row_words) + " and dtype " +
+            store::describe(wanted.dtype));
+  }
+  return reply(frame, describe_table(*id, *table));
+}
+
+void ShardService::serve_version(std::vector<store::StagedTable>& tables, uint64_t version, int64_t written_unix_ms) {
+  // This shard's rows only, staged before the swap.
+  if (options_.num_shards > 1) {
+    for (store::StagedTable& table : tables) {
+      const uint64_t route_key = route_key_of_name(table.info.name);
+      store::RowSet owned(table.rows.record_words());
+      table.rows.for_each([&](uint64_t id, const float* record) {
+        if (owner_shard(route_key, id, options_.num_shards) == options_.shard) owned.insert(id, record);
+      });
+      table.rows = std::move(owned);
+    }
+  }
+  std::unique_lock<VersionLock> swap(serving_mutex_);
+  for (store::StagedTable& staged : tables) {
+    const store::CheckpointTableInfo& info = staged.info;
+    std::optional<uint64_t> id = store_.find(info.name);
+    if (!id) {
+      store::TableConfig config = info.config;
+      config.state_words = 0;  // install sets the records' width
+      id = store_.create_named_table(info.name, config);
+    }
+    const std::shared_ptr<store::Table> table = store_.table(*id);
+    // A served table holds exactly the version's rows: no budget evicts or admits behind it.
+    table->set_policy(store::TablePolicyConfig{});
+    table->install(staged.rows, info.config.init, info.init_stream, info.optimizer, info.optimizer_step);
+    register_table(*id, TableEntry{route_key_of_name(info.name), 0, info.name});
+  }
+  serving_version_.store(version);
+  serving_written_unix_ms_.store(written_unix_ms);
 }
 
 std::vector<uint8_t> ShardService::find(const Frame& frame) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,9 @@
 #include "net/wire/protocol.h"
 #include "sessions.h"
 #include "staged_steps.h"
+#include "store/checkpoint_format.h"
 #include "store/store.h"
+#include "version_lock.h"
 
 namespace recdev::net {
 
@@ -32,6 +35,10 @@ struct ServiceOptions {
   // longest a part waits for the others, whatever timeout its client asked for.
   uint64_t max_staged_bytes = uint64_t{1} << 30;
   double max_stage_seconds = 3600;
+  // Non-empty: a read-only serving shard of this directory's versions (serving.h): requests that
+  // would change a table are refused (ReadOnly), lookups do not materialize rows, and declarations
+  // open the tables served.
+  std::string serve_dir;
 };
 
 struct Response {
@@ -111,6 +118,11 @@ class ShardService {
   void stop_staged_steps() { staged_steps_.stop(); }
   // Registers the named tables already in the store (after a checkpoint was loaded at start).
   void adopt_named_tables();
+  // A serving shard's swap to another version: `tables` (this shard's rows only) replace the store's
+  // tables of the same names, all at once between two requests, so that a lookup sees one version
+  // entirely; tables the version has not are kept as they were.
+  void serve_version(std::vector<store::StagedTable>& tables, uint64_t version, int64_t written_unix_ms);
+  bool serving() const { return !options_.serve_dir.empty(); }
   ServerStats stats();
 
  private:
@@ -173,6 +185,7 @@ class ShardService {
   std::vector<uint8_t> dump(Session& session, const Frame& frame);
   std::vector<uint8_t> begin_load(Session& session, const Frame& frame);
   std::vector<uint8_t> load_rows(Session& session, const Frame& frame);
+  std::vector<uint8_t> open_served(const Frame& frame, const OpenNamedRequest& request);
   std::vector<uint8_t> commit_load(Session& session, const Frame& frame);
 
   const ServiceOptions options_;
@@ -190,6 +203,10 @@ class ShardService {
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> connections_{0};
   const Clock::time_point started_ = Clock::now();
+  // A serving shard's: held shared by every request, exclusively by serve_version's swap.
+  VersionLock serving_mutex_;
+  std::atomic<uint64_t> serving_version_{0};
+  std::atomic<int64_t> serving_written_unix_ms_{0};
 };
 
 }  // namespace recdev::net

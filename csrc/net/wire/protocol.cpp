@@ -211,6 +211,28 @@ void decode(Reader& in, store::TablePolicyConfig& policy) {
 
 }  // namespace
 
+bool changes_tables(Opcode opcode) {
+  switch (opcode) {
+    case Opcode::CreateTable:
+    case Opcode::SetInit:
+    case Opcode::Write:
+    case Opcode::WriteBytes:
+    case Opcode::Erase:
+    case Opcode::Update:
+    case Opcode::SetOptimizer:
+    case Opcode::SetLearningRate:
+    case Opcode::SetStep:
+    case Opcode::SetPolicy:
+    case Opcode::RestorePolicy:
+    case Opcode::BeginLoad:
+    case Opcode::LoadRows:
+    case Opcode::CommitLoad:
+    case Opcode::StageUpdate:
+    case Opcode::CommitUpdate: return true;
+    default: return false;
+  }
+}
+
 const char* opcode_name(uint8_t opcode) {
   for (const OpcodeName& entry : kOpcodeNames) {
     if (uint8_t(entry.opcode) == opcode) return entry.name;
@@ -352,6 +374,9 @@ void encode(Writer& out, const ServerStats& m) {
     }
     encode(out, table.policy);
   }
+  out.put_string(m.serving_dir);
+  out.put<uint64_t>(m.serving_version);
+  out.put<int64_t>(m.serving_written_unix_ms);
 }
 void decode(Reader& in, ServerStats& m) {
   m.shard = in.get<uint32_t>("shard");
@@ -383,6 +408,9 @@ void decode(Reader& in, ServerStats& m) {
     table.disk_writes = in.get<uint64_t>("disk_writes");
     decode(in, table.policy);
   }
+  m.serving_dir = in.get_string("serving_dir", kMaxNameBytes);
+  m.serving_version = in.get<uint64_t>("serving_version");
+  m.serving_written_unix_ms = in.get<int64_t>("serving_written_unix_ms");
 }
 
 void encode(Writer& out, const TableRequest& m) { out.put<uint64_t>(m.table_id); }

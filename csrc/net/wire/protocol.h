@@ -185,7 +185,15 @@ struct ServerStats {
   uint64_t sessions = 0;     // live now
   double uptime_seconds = 0;
   std::vector<TableCounters> table_counters;  // every table, by id
+  // A serving shard (--serve): the directory, the version served (0 before the first) and when it was
+  // written (unix milliseconds); empty, 0 and 0 for a training shard.
+  std::string serving_dir;
+  uint64_t serving_version = 0;
+  int64_t serving_written_unix_ms = 0;
 };
+
+// Whether a request changes what a shard holds (a read-only serving shard refuses it).
+bool changes_tables(Opcode opcode);
 
 struct TableRequest {  // FreeTable, GetTableInfo
   uint64_t table_id = 0;
