@@ -194,17 +194,7 @@ std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCh
   for (size_t index = 0; index < table_count; ++index) {
     staged.push_back(read_section(in, path, version, index, check_header, stage_rows));
   }
-  if (in.remaining() != kCrcBytes) {
-    corrupt(path, "has " + std::to_string(in.remaining() - std::min(in.remaining(), kCrcBytes)) +
-                      " unexpected bytes after its last table");
-  }
-  const uint32_t computed = in.crc();
-  const uint32_t stored = in.stored_crc();
-  if (computed != stored) {
-    char detail[64];
-    std::snprintf(detail, sizeof(detail), "(stored %08x, computed %08x)", stored, computed);
-    corrupt(path, std::string("fails its checksum ") + detail + ": the file is damaged");
-  }
+  check_file_end(in, path);
   return staged;
 }
 

@@ -1,6 +1,7 @@
 #include "checkpoint_format.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -171,6 +172,21 @@ void read_policy_block(ChecksummedReader& in, const std::string& path, const std
     } catch (const StoreError& error) {
       corrupt(path, "has a bad policy block in " + table + ": " + error.what());
     }
+  }
+}
+
+void check_file_end(ChecksummedReader& in, const std::string& path) {
+  if (in.remaining() != kCrcBytes) {
+    corrupt(path, "has " + std::to_string(in.remaining() - std::min(in.remaining(), kCrcBytes)) +
+                      " unexpected bytes after its last table");
+  }
+  const uint32_t computed = in.crc();
+  const uint32_t stored = in.stored_crc();
+  if (computed != stored) {
+    char detail[80];
+    std::snprintf(detail, sizeof(detail), "(%s, stored %08x, computed %08x)",
+                  in.checksum() == Checksum::Crc32 ? "CRC-32" : "CRC-32C", stored, computed);
+    corrupt(path, std::string("fails its checksum ") + detail + ": the file is damaged");
   }
 }
 

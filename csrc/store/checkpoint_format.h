@@ -75,6 +75,7 @@ class ChecksummedReader {
   }
   uint64_t remaining() const { return file_.remaining(); }
   uint64_t size() const { return file_.size(); }
+  Checksum checksum() const { return checksum_; }
 
  private:
   FileReader file_;
@@ -101,6 +102,8 @@ void read_section_rows(ChecksummedReader& in, const std::string& path, const std
                        bool stage_rows);
 // u64 policy_bytes, then encode_policy_state's bytes (none without a policy).
 void write_policy_block(ChecksummedWriter& out, const std::optional<TablePolicyState>& policy);
+// After the last section: nothing but the checksum may remain, and it must match (Corrupt otherwise).
+void check_file_end(ChecksummedReader& in, const std::string& path);
 // A section's policy block, decoded into staged.info.policy.
 void read_policy_block(ChecksummedReader& in, const std::string& path, const std::string& table, StagedTable& staged);
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -140,16 +141,7 @@ VersionContents read_version_file(const VersionFile& file) {
     read_policy_block(in, file.path, table, section.table);
     contents.sections.push_back(std::move(section));
   }
-  if (in.remaining() != kCrcBytes)
-    corrupt(file.path, "has " + std::to_string(in.remaining() - std::min(in.remaining(), kCrcBytes)) +
-                           " unexpected bytes after its last table");
-  const uint32_t computed = in.crc();
-  const uint32_t stored = in.stored_crc();
-  if (computed != stored) {
-    char detail[64];
-    std::snprintf(detail, sizeof(detail), "(stored %08x, computed %08x)", stored, computed);
-    corrupt(file.path, std::string("fails its checksum (CRC-32C) ") + detail + ": the file is damaged");
-  }
+  check_file_end(in, file.path);
   return contents;
 }
 

@@ -16,6 +16,8 @@ import torch
 
 import torch_recdev
 from torch_recdev import local_shards, ops
+import wire
+from wire import ServerError, u64
 
 NAME, ROWS, DIM, HELD = "serve.t", 10**7, 8, 4096
 
@@ -26,11 +28,13 @@ TRAINER = textwrap.dedent("""
     directory, versions, pause, name = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     table = ops.init_embedding_table(name, 10**7, 8, init=torch_recdev.Zero(), optimizer=("adagrad", {"lr": 0.1}))
     ids = torch.arange(4096) * 97
+    if "pad" in sys.argv[5:]:  # rows the versions never change: a base that outweighs two deltas
+        ops.emb_write(table, torch.arange(20_000) * 97 + 1, torch.zeros(20_000, 8))
     for k in range(1, versions + 1):
         ops.emb_write(table, ids, torch.full((4096, 8), float(k) + 1 / 3))
         print(ops.checkpoint(directory), flush=True)
         time.sleep(pause)
-    if sys.argv[5:] == ["export"]:
+    if "export" in sys.argv[5:]:
         print(torch_recdev.export_tables(directory + "/export", dtype=torch.float16), flush=True)
 """)
 IDS = torch.arange(HELD) * 97
@@ -93,30 +97,33 @@ def test_lookups_see_one_whole_version_while_versions_arrive(tmp_path, connected
         stats = torch_recdev.server_stats(server.address)
         assert stats["serving_dir"] == str(tmp_path) and stats["serving_age_seconds"] >= 0
         assert "serving version 9 of" in server.log()
+        printed = subprocess.run([local_shards.server.executable(), "--stats", server.address], capture_output=True,
+                                 text=True, timeout=30).stdout
+        assert f"serving      version 9 of {tmp_path}, written " in printed, printed
     finally:
         server.stop()
 
 
 def test_a_damaged_version_is_refused_and_the_one_before_keeps_serving(tmp_path, connected):
-    train(tmp_path, 2)
-    server = local_shards.Server(0, 1, "--serve", str(tmp_path))
+    staging = tmp_path / "staging"
+    train(staging, 3, 0.0, NAME, "pad")  # a base and two deltas
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    for name in ("v00000001-base.recdev", "v00000002-delta.recdev"):
+        shutil.copy(staging / name, served_dir / name)
+    server = local_shards.Server(0, 1, "--serve", str(served_dir))
     try:
         wait_for_version(server, 2)
-        # The next version, damaged, appears in the directory at once (a rename, as writers do).
-        staging = tmp_path / "staging"
-        staging.mkdir()
-        for f in tmp_path.glob("v*.recdev"):
-            shutil.copy(f, staging / f.name)
-        train(staging, 1)  # version 3 in the copy: a new process writes a base
-        data = bytearray((staging / "v00000003-base.recdev").read_bytes())
+        # The third, its delta damaged, appears at once (a rename, as writers do).
+        data = bytearray((staging / "v00000003-delta.recdev").read_bytes())
         data[len(data) // 2] ^= 0xFF
         (staging / "damaged").write_bytes(bytes(data))
-        (staging / "damaged").rename(tmp_path / "v00000003-base.recdev")
+        (staging / "damaged").rename(served_dir / "v00000003-delta.recdev")
         deadline = time.monotonic() + 30
         while "refused" not in server.log():
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.05)
-        assert "version 3 of" in server.log() and "v00000003-base.recdev" in server.log()
+        assert "version 3 of" in server.log() and "v00000003-delta.recdev" in server.log()
         assert "still serving version 2" in server.log()
         torch_recdev.connect(local_shards.server_list([server]), read_only=True)
         served = ops.init_embedding_table(NAME, ROWS, DIM)
@@ -140,6 +147,10 @@ def test_writes_are_refused_naming_the_read_only_server(tmp_path, connected):
                         lambda: ops.init_embedding_table("serve.new", ROWS, DIM)):
             with pytest.raises((PermissionError, KeyError), match="read-only serving shard|not in version 1"):
                 attempt()
+        with wire.Connection(server.port) as raw:  # the wire itself: no table is freed either
+            (table_id, _, _), = raw.list()
+            with pytest.raises(ServerError, match="read-only serving shard"):
+                raw.call("FREE_TABLE", u64(table_id))
         assert ops.emb_read(served, IDS).cpu().unique().tolist() == [torch.tensor(1 + 1 / 3).item()]
         # A read-only connection refuses before sending; declarations only open.
         torch_recdev.connect(local_shards.server_list([server]), read_only=True)

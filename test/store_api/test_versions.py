@@ -3,6 +3,7 @@ store and on two shards: every version restores bit for bit, deltas hold only wh
 version holds each request wholly or not at all, and bad input is refused with nothing changed."""
 
 import os
+import tempfile
 import threading
 import uuid
 
@@ -34,21 +35,30 @@ def declare(prefix, dtype, **policy):
                                     init=torch_recdev.Normal(0.0, 0.1), optimizer=("adagrad", {"lr": 0.05}), **policy)
 
 
-@pytest.mark.parametrize("policy", [{}, dict(max_rows=300, evict="lru"), dict(max_rows=300, evict="lfu", admit_after=2)],
-                         ids=["unbounded", "lru", "lfu-admission"])
-def test_every_version_restores_bit_for_bit(tmp_path, policy):
+@pytest.mark.parametrize("policy", [{}, dict(max_rows=300, evict="lru"), dict(max_rows=300, evict="lfu", admit_after=2),
+                                    dict(max_rows=100, evict="lru", spill=True)],
+                         ids=["unbounded", "lru", "lfu-admission", "spilled"])
+def test_every_version_restores_bit_for_bit(tmp_path, policy, on_every_store):
+    if policy.get("spill") and on_every_store == "embedded":
+        # The shards have theirs (--disk-dir); one that outlives the test, as the tables do.
+        torch_recdev.set_disk_dir(tempfile.mkdtemp(prefix="recdev-versions-disk-"))
     prefix = f"v_{uuid.uuid4().hex[:8]}"
-    tables = [declare(prefix, dtype, **policy) for dtype in (torch.float32, torch.float16, torch.bfloat16)]
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    tables = [declare(prefix, dtype, **policy) for dtype in dtypes]
     generator = torch.Generator().manual_seed(0)
-    for table in tables:  # a base large enough that the deltas below stay under it (no compaction)
-        for first in range(10_000, 10_000 + (300 if policy else 5000), 100):  # a shard's share of 300 is 150
-            ops.emb_read(table, torch.arange(first, first + 100))
+    for table in tables:
+        for first in range(10_000, 10_000 + (300 if policy else 5000), 50):  # within a shard's share of the budget
+            ops.emb_read(table, torch.arange(first, first + 50))
+    # Ballast: a base large enough that the deltas below stay under it, so that no compaction folds
+    # the versions this test restores one by one.
+    ballast = ops.init_embedding_table(prefix + "_ballast", 10**6, 64, init=torch_recdev.Zero())
+    ops.emb_write(ballast, torch.arange(20_000), torch.ones(20_000, 64))
     expected = {}
     for step in range(6):
         for table in tables:
-            keys = torch.randint(0, 2000 if step < 3 else 5000, (100,), generator=generator)
+            keys = torch.randint(0, 2000 if step < 3 else 5000, (40,), generator=generator)
             ops.emb_read(table, keys)
-            ops.emb_update(table, keys, torch.randn(100, 8, generator=generator).to(table.dtype))
+            ops.emb_update(table, keys, torch.randn(40, 8, generator=generator).to(table.dtype))
             if step == 4:
                 ops.emb_delete(table, keys[:20])
         version = ops.checkpoint(tmp_path)

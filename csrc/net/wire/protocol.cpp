@@ -214,6 +214,7 @@ void decode(Reader& in, store::TablePolicyConfig& policy) {
 bool changes_tables(Opcode opcode) {
   switch (opcode) {
     case Opcode::CreateTable:
+    case Opcode::FreeTable:
     case Opcode::SetInit:
     case Opcode::Write:
     case Opcode::WriteBytes:
