@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "background_priority.h"
 #include "errors.h"
 #include "file_io.h"
 
@@ -413,7 +414,8 @@ WrittenVersion VersionWriter::write_base_alone(const std::function<std::vector<N
   chain_ = 0;  // the next checkpoint is a base again
   const std::vector<NamedCut> cuts = cut();
   WrittenVersion written{version, true, directory_ + "/" + file_name(version, true), {}};
-  written.summary = write_version_file(written.path, version, random_chain(), true, cuts);
+  run_at_background_priority(
+      [&] { written.summary = write_version_file(written.path, version, random_chain(), true, cuts); });
   return written;
 }
 
@@ -433,7 +435,8 @@ WrittenVersion VersionWriter::write(const VersionSource& source) {
       if (!delta && !named.cut.whole)
         corrupt(directory_, "got a partial cut of table '" + named.name + "' for a new base");
     }
-    written.summary = write_version_file(written.path, version, chain_, !delta, cuts);
+    run_at_background_priority(
+        [&] { written.summary = write_version_file(written.path, version, chain_, !delta, cuts); });
     files.push_back(VersionFile{written.path, version, !delta, chain_, 0, written.summary.bytes});
   } catch (...) {
     source.forget(chain_);
@@ -446,15 +449,18 @@ WrittenVersion VersionWriter::write(const VersionSource& source) {
 }
 
 void VersionWriter::compact_if_due(const std::vector<VersionFile>& files, uint64_t version) {
-  if (compaction_.joinable()) {
-    compaction_.join();  // one at a time; an error of the last one is kept for wait_compaction
-  }
+  // One at a time, and a checkpoint never waits for one: while a compaction runs, the next
+  // checkpoint after it finishes considers the chain again. An error is kept for wait_compaction.
+  if (compacting_) return;
+  if (compaction_.joinable()) compaction_.join();
   const std::vector<VersionFile> chain = chain_for(files, version);
   if (chain.size() < 2) return;
   uint64_t delta_bytes = 0;
   for (size_t i = 1; i < chain.size(); ++i) delta_bytes += chain[i].bytes;
   if (double(delta_bytes) <= kCompactRatio * double(chain.front().bytes)) return;
+  compacting_ = true;
   compaction_ = std::thread([this, chain, version] {
+    lower_to_background_priority();
     try {
       std::vector<StagedTable> tables = replay(chain);
       std::vector<NamedCut> cuts;
@@ -485,6 +491,7 @@ void VersionWriter::compact_if_due(const std::vector<VersionFile>& files, uint64
     } catch (...) {
       compaction_error_ = std::current_exception();
     }
+    compacting_ = false;
   });
 }
 

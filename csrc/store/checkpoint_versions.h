@@ -26,6 +26,8 @@
 // the directory's newest version is the one it wrote last, and a new base otherwise (the first
 // checkpoint of a process, or after another writer).
 //
+// Files are written, and compacted, at background priority (background_priority.h).
+//
 // Compaction: once the deltas since the newest base add up to more than kCompactRatio times the
 // base's bytes, a background thread folds them into a new base of the newest version (written
 // atomically, like every file) and then removes the older files. A crash at any point leaves a
@@ -33,6 +35,7 @@
 // are removed by the next checkpoint of the directory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -125,6 +128,7 @@ class VersionWriter {
   uint64_t chain_ = 0;         // of the last version written, 0 before the first
   uint64_t last_version_ = 0;  // the last version written
   std::thread compaction_;
+  std::atomic<bool> compacting_{false};  // compaction_ has not finished
   std::exception_ptr compaction_error_;
 };
 

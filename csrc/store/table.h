@@ -487,9 +487,10 @@ class Table {
   }
   // Every change chain dropped (their next cuts are whole); under every sub-shard's write lock.
   void forget_change_chains() const;
-  // The changed rows' ids for a chain last cut at `since`, sorted; drops what no chain needs any more.
-  // Under lock_for_view.
-  std::vector<uint64_t> take_changed_ids(uint64_t since, uint64_t prune_upto) const;
+  // cut_changes' copies, under lock_for_view: every row; or the rows changed since generation
+  // `since` (those gone as erased), dropping what no chain needs any more.
+  void cut_whole(TableCut& cut) const;
+  void cut_changed(TableCut& cut, uint64_t since, uint64_t prune_upto) const;
   // Requires the sub-shard's write lock.
   float* materialize(Shard& shard, uint64_t row_id, uint64_t hash, const RowsReadBack* back = nullptr) const;
   // Records that a row was materialized; under its sub-shard's write lock.
