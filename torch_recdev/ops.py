@@ -39,6 +39,7 @@ __all__ = [
     "checkpoint",
     "restore",
     "versions",
+    "wait_for_compaction",
     "version_files",
     "export_tables",
     "connect",
@@ -325,6 +326,13 @@ def export_tables(directory: str | os.PathLike, dtype: torch.dtype | None = None
 def versions(directory: str | os.PathLike) -> list[int]:
     """The versions in ``directory`` that ``restore`` can reach, oldest first."""
     return [int(v) for v in _C._list_versions(os.fspath(directory))]
+
+
+def wait_for_compaction(directory: str | os.PathLike) -> None:
+    """Returns once the compaction of ``directory`` that this process's checkpoints started in the
+    background (if any) has finished, and raises what it failed with. Call it before removing or
+    copying the directory: a compaction still running writes a new base into it."""
+    _C._wait_version_compaction(os.fspath(directory))
 
 
 def version_files(directory: str | os.PathLike) -> list[dict]:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 import torch_recdev
-from torch_recdev import _C, local_shards, ops
+from torch_recdev import local_shards, ops
 
 from reference import DTYPES, Policy, Refused, TableModel, full_opt, restore, ulp
 
@@ -366,7 +366,7 @@ class StoreMachine(RuleBasedStateMachine):
     def checkpoint_version(self):
         """ops.checkpoint writes the next version, a base or a delta of what changed since the last."""
         version = ops.checkpoint(self.vdir)
-        _C._wait_version_compaction(self.vdir)  # the versions a restore can reach then stay put
+        ops.wait_for_compaction(self.vdir)  # the versions a restore can reach then stay put
         assert version == max(self.versions, default=0) + 1
         self.versions[version] = {n: m.snapshot() for n, m in self.models.items()}
         self.check_all()
