@@ -161,7 +161,7 @@ def _stream(quick: bool) -> list:
     """Zipf(1.05) ids over 10^8 (scaled down by --quick), dim 32, Adagrad, through a memory tier of
     5·10^6 rows, long enough that the tier fills and stays full; RSS sampled along the stream. Then
     the same stream on an unbounded table."""
-    ids, tier, steps = (10**6, 50_000, 40) if quick else (10**8, 5 * 10**6, 400)
+    ids, tier, steps = (10**6, 50_000, 20) if quick else (10**8, 5 * 10**6, 400)
     baseline = _rss_bytes()
     spilled = _table("stream", tier, True, ("adagrad", {"lr": 0.05}))
     samples = []  # (step, rss, the table's bytes, tier full)

@@ -22,7 +22,7 @@ WATCH = textwrap.dedent("""
             try:
                 with open(f"/proc/self/task/{tid}/stat") as stat:
                     fields = stat.read().rsplit(")", 1)[1].split()
-            except FileNotFoundError:  # a thread that ended between the listing and the read
+            except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
                 continue
             found[int(tid)] = int(fields[16])  # field 19 of proc(5), counted after the name
         return found
