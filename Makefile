@@ -22,9 +22,11 @@ demo: $(BUILT)
 fleet-demo: $(BUILT)
 	$(PY) examples/fleet_demo.py -- --plot ctr_fleet_learning_curves.png
 
-# On both cores, each test file on one of them (module fixtures such as the fleet's start once).
+# On both cores, each test file on one of them (module fixtures such as the fleet's start once), in
+# the order collected: xdist would start the files with the most tests first, which leaves the quick
+# benchmark run (two tests, three minutes) to the end, alone on one core.
 test: $(BUILT) $(TESTING) redis-peer fio-peer
-	$(PY) -m pytest -n 2 --dist loadfile test
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder test
 
 # The model-based test of the store (test/model) on random sequences for SOAK_MINUTES minutes;
 # `make test` runs its fixed, derandomized sequences.

@@ -18,6 +18,8 @@ training gets. Ids are Zipf-distributed over large id spaces; some tables have
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import math
 import os
 import tempfile
@@ -137,6 +139,15 @@ class CTRModel(nn.Module):
         return self.mlp(self.features(sparse, dense)).squeeze(1)
 
 
+@contextlib.contextmanager
+def autocast_regions(enabled: bool):
+    """bfloat16 autocast on both devices a step runs on: recdev for the lookups (they pass through,
+    so the tables' rows come back in their own dtype) and the CPU for the MLP."""
+    with torch.autocast("recdev", dtype=torch.bfloat16, enabled=enabled), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+        yield
+
+
 def make_tables(lr: float, dtype: str) -> list[torch.Tensor]:
     # Declared, not reset: every rank of a fleet runs this, the first creates each table, the others
     # (and a run resumed from a checkpoint) open it with its rows.
@@ -229,6 +240,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--lr", type=float, default=0.03, help="learning rate of the fused RowWiseAdagrad")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the tables' element type")
+    parser.add_argument("--autocast", choices=["bf16"],
+                        help="the MLP in bfloat16 under torch.autocast (the tables stay in --dtype)")
     parser.add_argument("--sync", action="store_true",
                         help="under torchrun: synchronous table updates (every rank's step combined, docs/fleet.md)")
     parser.add_argument("--seed", type=int, default=0)
@@ -321,6 +334,7 @@ def main(argv=None) -> dict:
     sparse, dense, clicks = (a[rank * per_rank : (rank + 1) * per_rank] for a in train[:3])
     steps_per_epoch = math.ceil(per_rank / args.batch_size)
     history, step, seen = [], start_epoch * steps_per_epoch, 0
+    autocast = functools.partial(autocast_regions, args.autocast == "bf16")
     eval_seconds, started = 0.0, time.perf_counter()
     for epoch in range(start_epoch, args.epochs):
         order = np.random.default_rng(args.seed + epoch).permutation(per_rank)
@@ -330,7 +344,8 @@ def main(argv=None) -> dict:
         for b in bar:
             idx = order[b * args.batch_size : (b + 1) * args.batch_size]
             s, d, y = (torch.from_numpy(a[idx]) for a in (sparse, dense, clicks))
-            loss = nn.functional.binary_cross_entropy_with_logits(model(s, d), y)
+            with autocast():
+                loss = nn.functional.binary_cross_entropy_with_logits(model(s, d), y)
             dense_opt.zero_grad()
             loss.backward()  # the tables' rows are updated in the store here
             dense_opt.step()

@@ -7,6 +7,7 @@ is done when it returns.
 import torch
 
 from . import _C
+from .stores import server_stats, store_info
 
 
 def is_available() -> bool:
@@ -80,6 +81,74 @@ def memory_cached() -> int:
     """Bytes of freed memory kept for reuse: large host blocks (RECDEV_HOST_CACHE_BYTES caps them)
     and the embedded store's empty 2 MiB regions (RECDEV_STORE_CACHE_BYTES caps them)."""
     return _C._memory_cached()
+
+
+# Memory, as torch.cuda reports it. The figures are this process's: host storage (recdev tensors
+# that are not tables) and the tables of the embedded store, counted when they are allocated and
+# freed (docs/device.md, "Memory", maps every stat name). Tables on recdev-server shards are the
+# shards' memory: shard_memory_stats() asks them.
+
+
+def memory_stats(device=None) -> dict:
+    """torch.accelerator.memory_stats() (PyTorch's names: ``allocated_bytes.all.current``, ...), plus
+    the same figures for host storage and tables apart: ``host_allocated_bytes.*``,
+    ``table_allocated_bytes.*``, ``host_reserved_bytes.*``, ``table_reserved_bytes.*`` (each
+    ``current``, ``peak``, ``allocated``, ``freed``)."""
+    stats = torch.accelerator.memory_stats(_index_of(0 if device is None else device))
+    return dict(sorted({**stats, **_C._memory_split()}.items()))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes in use: host storage plus the embedded store's tables."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """The peak of memory_allocated() since the start or reset_peak_memory_stats()."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """memory_allocated() plus what is kept for reuse (memory_cached(), and the store's regions'
+    unused room)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index_of(0 if device is None else device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index_of(0 if device is None else device))
+
+
+def mem_get_info(device=None) -> tuple:
+    """(free, total) bytes of the host's memory, which host storage and tables share."""
+    return torch.accelerator.get_memory_info(_index_of(0 if device is None else device))
+
+
+def shard_memory_stats(*, token: str = "", timeout: float = 10.0) -> list:
+    """For a remote store, each shard's memory, in shard order: ``address``, ``bytes`` (its tables),
+    ``rows`` and ``max_memory`` (its ``--max-memory``, 0 for none), from the shards' STATS; ``token``
+    is the servers' ``--token-file`` token. Empty for the embedded store, whose tables
+    memory_stats() counts."""
+    shards = []
+    for url in store_info()["servers"]:
+        address = url.removeprefix("tcp://")
+        stats = server_stats(address, token=token, timeout=timeout)
+        shards.append({"address": address, "bytes": stats["bytes"], "rows": stats["rows"],
+                       "max_memory": stats["max_memory"]})
+    return shards
+
+
+def get_amp_supported_dtype() -> list:
+    """The dtypes torch.autocast("recdev", dtype=...) takes: float16 and bfloat16, with CPU
+    autocast's ops and cast policies (docs/device.md, "Autocast")."""
+    return [torch.float16, torch.bfloat16]
 
 
 def _generator(device=0) -> torch.Generator:

@@ -1,5 +1,7 @@
 #include "host_block_cache.h"
 
+#include "memory_stats.h"
+
 #include <cstdlib>
 #include <list>
 #include <mutex>
@@ -35,6 +37,7 @@ struct Cache {
       }
     }
     bytes -= oldest->first;
+    count_cached_host_block(-static_cast<int64_t>(oldest->first));
     blocks.erase(oldest);
   }
 };
@@ -62,6 +65,7 @@ c10::DataPtr take_cached_block(size_t nbytes) {
   c10::DataPtr block = std::move(entry->second);
   c.bytes -= nbytes;
   c.blocks.erase(entry);
+  count_cached_host_block(-static_cast<int64_t>(nbytes));
   return block;
 }
 
@@ -77,12 +81,14 @@ void return_block(c10::DataPtr block, size_t nbytes) {
   c.blocks.emplace_back(nbytes, std::move(block));
   c.by_size.emplace(nbytes, std::prev(c.blocks.end()));
   c.bytes += nbytes;
+  count_cached_host_block(static_cast<int64_t>(nbytes));
 }
 
 void empty_host_cache() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.by_size.clear();
+  for (const auto& [nbytes, block] : c.blocks) count_cached_host_block(-static_cast<int64_t>(nbytes));
   c.blocks.clear();
   c.bytes = 0;
 }

@@ -1,6 +1,7 @@
 #include "storage_context.h"
 
 #include "host_block_cache.h"
+#include "memory_stats.h"
 
 #include <c10/core/StorageImpl.h>
 
@@ -15,7 +16,13 @@ StorageContext* storage_context(const c10::DataPtr& data_ptr) {
   return static_cast<StorageContext*>(data_ptr.get_context());
 }
 
+HostBlock::HostBlock(c10::Storage cpu_storage)
+    : StorageContext(StorageKind::Host), cpu(std::move(cpu_storage)), counted_bytes(cpu.nbytes()) {
+  count_host_block(static_cast<int64_t>(counted_bytes));
+}
+
 HostBlock::~HostBlock() {
+  count_host_block(-static_cast<int64_t>(counted_bytes));
   c10::StorageImpl* impl = cpu.unsafeGetStorageImpl();
   if (impl != nullptr && cpu.use_count() == 1 && impl->nbytes() >= kMinCachedBlockBytes) {
     const size_t nbytes = impl->nbytes();

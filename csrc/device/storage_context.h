@@ -35,11 +35,14 @@ StorageContext* storage_context(const c10::DataPtr& data_ptr);
 
 // Host memory is held as a CPU storage, so that a CPU tensor over exactly the
 // same bytes can be made without a copy (see cpu_view.h).
+// Its bytes are counted in the process's memory accounts (store/memory_accounting.h) for as long
+// as it lives, at the size it had when it was made.
 struct HostBlock final : StorageContext {
-  explicit HostBlock(c10::Storage cpu_storage) : StorageContext(StorageKind::Host), cpu(std::move(cpu_storage)) {}
+  explicit HostBlock(c10::Storage cpu_storage);
   // Offers large blocks nobody else holds to the host block cache.
   ~HostBlock() override;
   c10::Storage cpu;
+  const size_t counted_bytes;
 };
 
 // Wraps a CPU storage as the DataPtr of a recdev storage (zero copy).

@@ -17,8 +17,10 @@
 
 #include "store/table_handle.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/ops/_embedding_bag.h>
 #include <ATen/ops/_embedding_bag_backward.h>
+#include <ATen/ops/_embedding_bag_forward_only.h>
 #include <ATen/ops/_embedding_bag_per_sample_weights_backward.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/embedding_backward.h>
@@ -87,7 +89,11 @@ at::Tensor per_sample_weights_grad(const at::Tensor& weight, const at::Tensor& i
                                             "per_sample_weights backward")
                               .cpu();
   const at::Tensor bag_grads = on_cpu(grad).index_select(0, on_cpu(offset2bag).to(at::kLong));
-  at::Tensor result = rows.mul(bag_grads).sum(1);
+  // Each weight's gradient is a dot product in the accumulation type, rounded once, as CPU's
+  // _embedding_bag_per_sample_weights_backward computes it: float16 and bfloat16 products rounded
+  // one by one would land a step away.
+  const c10::ScalarType accumulate = at::toOpMathType(rows.scalar_type());
+  at::Tensor result = rows.to(accumulate).mul(bag_grads.to(accumulate)).sum(1).to(rows.scalar_type());
   if (padding_idx >= 0) {
     result = result.masked_fill(on_cpu(indices).eq(padding_idx), 0);
   }
@@ -316,9 +322,61 @@ struct EmbeddingBagLookup : torch::autograd::Function<EmbeddingBagLookup> {
   }
 };
 
+// Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad): a C++ autograd Function has no jvp,
+// so the kernels below compute the output's tangent themselves, with the Functions run under
+// forward AD turned off. A lookup is linear in the weight, and a sum or mean bag also in the
+// per-sample weights: the tangent is the same lookup of the tangents.
 at::Tensor embedding_autograd(const at::Tensor& weight, const at::Tensor& indices, c10::SymInt padding_idx,
                               bool scale_grad_by_freq, bool sparse) {
-  return EmbeddingLookup::apply(weight, indices, padding_idx.expect_int(), scale_grad_by_freq, sparse);
+  const at::Tensor weight_tangent = weight._fw_grad(/*level=*/0);
+  if (!weight_tangent.defined()) {
+    return EmbeddingLookup::apply(weight, indices, padding_idx.expect_int(), scale_grad_by_freq, sparse);
+  }
+  at::Tensor out;
+  {
+    c10::AutoFwGradMode no_forward_ad(false);
+    out = EmbeddingLookup::apply(weight, indices, padding_idx.expect_int(), scale_grad_by_freq, sparse);
+  }
+  at::Tensor tangent;
+  {
+    c10::AutoFwGradMode no_forward_ad(false);
+    tangent = at::embedding(weight_tangent, indices, padding_idx.expect_int(), scale_grad_by_freq, sparse);
+  }
+  out._set_fw_grad(tangent, /*level=*/0, /*is_inplace_op=*/false);
+  return out;
+}
+
+// The tangent of an embedding bag's output: in max mode each element is its maximum's row's tangent
+// (max_indices says which row; an empty bag's output and tangent are 0), otherwise the bag of the weight's tangent plus
+// the bag of the per-sample weights' tangent.
+at::Tensor embedding_bag_tangent(const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets,
+                                 bool scale_grad_by_freq, int64_t mode, const std::optional<at::Tensor>& weights,
+                                 bool include_last_offset, int64_t padding_idx, const at::Tensor& bag_size,
+                                 const at::Tensor& max_indices) {
+  const at::Tensor weight_tangent = weight._fw_grad(/*level=*/0);
+  const at::Tensor weights_tangent = weights.has_value() ? weights->_fw_grad(/*level=*/0) : at::Tensor();
+  c10::AutoFwGradMode no_forward_ad(false);  // the tangent is a plain tensor: no tangent of its own
+  const auto bag = [&](const at::Tensor& table, const std::optional<at::Tensor>& per_sample) {
+    return std::get<0>(at::_embedding_bag(table, indices, offsets, scale_grad_by_freq, mode, /*sparse=*/false,
+                                          per_sample, include_last_offset, padding_idx));
+  };
+  constexpr int64_t kMaxMode = 2;
+  if (mode == kMaxMode) {
+    if (!weight_tangent.defined()) {
+      return {};
+    }
+    const at::Tensor picked = weight_tangent.gather(0, max_indices.clamp_min(0).to(at::kLong));
+    return picked.masked_fill(bag_size.eq(0).unsqueeze(1), 0);
+  }
+  at::Tensor tangent;
+  if (weight_tangent.defined()) {
+    tangent = bag(weight_tangent, weights);
+  }
+  if (weights_tangent.defined()) {
+    const at::Tensor from_weights = bag(weight, weights_tangent);
+    tangent = tangent.defined() ? tangent.add(from_weights) : from_weights;
+  }
+  return tangent;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autograd(
@@ -328,9 +386,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autogra
   // An absent (or undefined) tensor must not be a Function input.
   const std::optional<at::Tensor> weights =
       per_sample_weights.has_value() && per_sample_weights->defined() ? per_sample_weights : std::nullopt;
-  const auto outs = EmbeddingBagLookup::apply(weight, indices, offsets, scale_grad_by_freq, mode, sparse, weights,
-                                              include_last_offset, padding_idx);
+  const bool forward_ad =
+      weight._fw_grad(/*level=*/0).defined() || (weights.has_value() && weights->_fw_grad(/*level=*/0).defined());
+  if (!forward_ad) {
+    const auto outs = EmbeddingBagLookup::apply(weight, indices, offsets, scale_grad_by_freq, mode, sparse, weights,
+                                                include_last_offset, padding_idx);
+    return {outs[0], outs[1], outs[2], outs[3]};
+  }
+  torch::autograd::variable_list outs;
+  {
+    c10::AutoFwGradMode no_forward_ad(false);
+    outs = EmbeddingBagLookup::apply(weight, indices, offsets, scale_grad_by_freq, mode, sparse, weights,
+                                     include_last_offset, padding_idx);
+  }
+  const at::Tensor tangent = embedding_bag_tangent(weight, indices, offsets, scale_grad_by_freq, mode, weights,
+                                                   include_last_offset, padding_idx, outs[2], outs[3]);
+  if (tangent.defined()) {
+    outs[0]._set_fw_grad(tangent, /*level=*/0, /*is_inplace_op=*/false);
+  }
   return {outs[0], outs[1], outs[2], outs[3]};
+}
+
+// torch.embedding_bag calls _embedding_bag_forward_only when nothing requires a gradient, which
+// includes a forward-AD dual: such a call goes through the kernel above, like any differentiable one.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_forward_only_autograd(
+    const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool scale_grad_by_freq,
+    int64_t mode, bool sparse, const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+    int64_t padding_idx) {
+  const bool weighted = per_sample_weights.has_value() && per_sample_weights->defined();
+  const bool differentiable =
+      weight.requires_grad() || weight._fw_grad(/*level=*/0).defined() ||
+      (weighted && (per_sample_weights->requires_grad() || per_sample_weights->_fw_grad(/*level=*/0).defined()));
+  if (differentiable) {
+    return embedding_bag_autograd(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                  include_last_offset, padding_idx);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return at::_embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                         include_last_offset, padding_idx);
 }
 
 }  // namespace
@@ -338,6 +431,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_autogra
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("embedding", embedding_autograd);
   m.impl("_embedding_bag", embedding_bag_autograd);
+  m.impl("_embedding_bag_forward_only", embedding_bag_forward_only_autograd);
 }
 
 // The table halves of the backward above as ops of their own, for graphs that torch.compile traces

@@ -77,6 +77,9 @@ class FallbackCall {
   std::deque<device::TableWindow> windows_;
   c10::SmallVector<MutatedArgument, 2> mutated_;
   bool saw_recdev_ = false;
+  // A recdev tensor other than an index: with none, a CPU tensor indexed by recdev indices is
+  // refused as CUDA refuses it.
+  bool saw_recdev_data_ = false;
   std::optional<std::string> cpu_argument_;
   // Sparse COO arguments: the recdev tensor and the CPU twin its kernel sees.
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> sparse_mutated_;
@@ -161,13 +164,15 @@ at::Tensor FallbackCall::to_cpu(const at::Tensor& t, const c10::Argument& arg, b
   }
   if (!t.is_privateuseone()) {
     // As on CUDA, 0-dim CPU tensors act as scalars and indices may stay on
-    // the CPU; any other CPU tensor is a device mismatch.
-    if (t.dim() > 0 && !is_index && !cpu_argument_) {
+    // the CPU; any other CPU tensor is a device mismatch, and so is every
+    // CPU tensor written to (an out= tensor is never a scalar).
+    if ((t.dim() > 0 || is_write(arg)) && !is_index && !cpu_argument_) {
       cpu_argument_ = arg.name();
     }
     return t;
   }
   saw_recdev_ = true;
+  saw_recdev_data_ = saw_recdev_data_ || !is_index;
   const device::TableWindow* window = nullptr;
   at::Tensor cpu;
   if (device::is_table(t)) {
@@ -209,7 +214,7 @@ void FallbackCall::convert_arguments(torch::jit::Stack& stack) {
     } else if (is_layout(arg) && value.isInt() && value.toInt() == static_cast<int64_t>(c10::kSparse)) {
       saw_sparse = true;  // a sparse factory: its CPU kernel is SparseCPU's
     } else if (value.isDevice() && value.toDevice().is_privateuseone()) {
-      saw_recdev_ = true;
+      saw_recdev_ = saw_recdev_data_ = true;
       value = c10::IValue(c10::Device(c10::kCPU));
     } else if (is_generator(arg)) {
       std::optional<at::Generator> generator;
@@ -220,6 +225,8 @@ void FallbackCall::convert_arguments(torch::jit::Stack& stack) {
     }
   }
   if (saw_recdev_ && cpu_argument_) {
+    TORCH_CHECK_INDEX(saw_recdev_data_,
+                      "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but got ", *cpu_argument_,
                 " is on cpu, different from other tensors on recdev:0 (when checking "
                 "argument in method ",

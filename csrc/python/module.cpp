@@ -2,6 +2,7 @@
 // not already expose, StoreFullError, and the stats client of a recdev-server. Test-only bindings live
 // in torch_recdev._testing (testing/module.cpp).
 
+#include "device/allocator.h"
 #include "device/generator.h"
 #include "device/host_block_cache.h"
 #include "device/placement.h"
@@ -16,6 +17,7 @@
 #include "store/chunk_pool.h"
 #include "store/cpu_features.h"
 #include "store/disk_dir.h"
+#include "store/memory_accounting.h"
 #include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
@@ -103,9 +105,23 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& name) { device::set_placement_override(python::parse_placement(name)); });
   m.def("_is_table", &device::is_table);
   // Freed memory kept for reuse: host blocks, and the empty regions of the store's chunk pool.
-  m.def("_empty_cache", [] {
-    device::empty_host_cache();
-    recdev::store::release_cached_chunk_regions();
+  m.def("_empty_cache", &device::empty_memory_caches);
+  // torch.recdev.memory_stats' own keys: its host storage and its tables, apart.
+  m.def("_memory_split", [] {
+    const recdev::store::MemoryReading reading = recdev::store::read_memory();
+    py::dict split;
+    for (const auto& [name, scope] :
+         {std::pair{"host", recdev::store::kHostMemory}, std::pair{"table", recdev::store::kTableMemory}}) {
+      for (const auto& [kind, gauges] :
+           {std::pair{"allocated", reading.allocated_bytes}, std::pair{"reserved", reading.reserved_bytes}}) {
+        const std::string key = std::string(name) + "_" + kind + "_bytes.";
+        split[py::str(key + "current")] = gauges[scope].current;
+        split[py::str(key + "peak")] = gauges[scope].peak;
+        split[py::str(key + "allocated")] = gauges[scope].allocated;
+        split[py::str(key + "freed")] = gauges[scope].freed;
+      }
+    }
+    return split;
   });
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &python::table_stats);

@@ -32,7 +32,7 @@ constexpr const char* kChecksumFields[] = {"crc32_chunk_bytes", "header_crc32", 
 constexpr uint64_t kChecksumChunkBytes = 16 << 20;
 
 // An uninitialized CPU tensor for a snapshot's rows. From a few MiB on, its memory is a huge-page
-// mapping from the store's chunk pool, so that copying the rows in faults 2 MiB at a time rather
+// mapping (not the pool's table memory: a snapshot is a CPU array), so that copying the rows in faults 2 MiB at a time rather
 // than 4 KiB (snapshot of 10^6 rows of dim 64: 71 ms on the CPU allocator's pages, 36 ms on these).
 at::Tensor empty_snapshot_array(at::IntArrayRef sizes, at::ScalarType dtype) {
   const size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) * c10::elementSize(dtype);
@@ -40,9 +40,9 @@ at::Tensor empty_snapshot_array(at::IntArrayRef sizes, at::ScalarType dtype) {
     return at::empty(sizes, dtype);
   }
   const size_t mapped = (nbytes + store::kChunkRegionBytes - 1) / store::kChunkRegionBytes * store::kChunkRegionBytes;
-  std::byte* memory = store::allocate_chunk(mapped).release();
+  std::byte* memory = store::map_huge_pages(mapped);
   return at::from_blob(
-      memory, sizes, [](void* data) { store::ChunkDeleter()(static_cast<std::byte*>(data)); },
+      memory, sizes, [mapped](void* data) { store::unmap_huge_pages(static_cast<std::byte*>(data), mapped); },
       at::TensorOptions(dtype));
 }
 

@@ -1,6 +1,7 @@
 #include "chunk_pool.h"
 
 #include "errors.h"
+#include "memory_accounting.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -48,6 +49,43 @@ CacheLimit cache_limit_from_env() {
   return limit;
 }
 
+// `bytes` (a multiple of kRegionBytes) aligned to a region, advised onto huge pages.
+std::byte* map_aligned(size_t bytes) {
+#if defined(__linux__)
+  // A region more than asked, then the unaligned ends cut off: mmap only promises page alignment.
+  void* mapped = mmap(nullptr, bytes + kRegionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(mapped);
+  const uintptr_t aligned = (start + kRegionBytes - 1) & ~uintptr_t{kRegionBytes - 1};
+  if (aligned > start) munmap(mapped, aligned - start);
+  munmap(reinterpret_cast<void*>(aligned + bytes), start + kRegionBytes - aligned);
+  madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint: no THP is fine
+  return reinterpret_cast<std::byte*>(aligned);
+#else
+  return static_cast<std::byte*>(::operator new(bytes, std::align_val_t{kRegionBytes}));
+#endif
+}
+
+void unmap(std::byte* base, size_t bytes) noexcept {
+#if defined(__linux__)
+  munmap(base, bytes);
+#else
+  ::operator delete(base, std::align_val_t{kRegionBytes});
+#endif
+}
+
+// The pool's own mappings, counted as table memory reserved.
+std::byte* map_counted(size_t bytes) {
+  std::byte* base = map_aligned(bytes);
+  count_reserved(MemoryKind::Table, static_cast<int64_t>(bytes));
+  return base;
+}
+
+void unmap_counted(std::byte* base, size_t bytes) noexcept {
+  unmap(base, bytes);
+  count_reserved(MemoryKind::Table, -static_cast<int64_t>(bytes));
+}
+
 struct Region {
   std::byte* base;
   size_t chunk_bytes;
@@ -92,12 +130,12 @@ class Pool {
 
   // A mapping of its own, `bytes` a multiple of kRegionBytes.
   std::byte* allocate_whole_regions(size_t bytes) {
-    std::byte* base = map_aligned(bytes);
+    std::byte* base = map_counted(bytes);
     try {
       std::lock_guard<std::mutex> lock(mutex_);
       whole_regions_.emplace(reinterpret_cast<uintptr_t>(base), bytes);
     } catch (...) {
-      unmap(base, bytes);
+      unmap_counted(base, bytes);
       throw;
     }
     return base;
@@ -108,7 +146,7 @@ class Pool {
     const uintptr_t base = reinterpret_cast<uintptr_t>(chunk) & ~uintptr_t{kRegionBytes - 1};
     std::lock_guard<std::mutex> lock(mutex_);
     if (const auto whole = whole_regions_.find(reinterpret_cast<uintptr_t>(chunk)); whole != whole_regions_.end()) {
-      unmap(chunk, whole->second);
+      unmap_counted(chunk, whole->second);
       whole_regions_.erase(whole);
       return true;
     }
@@ -143,7 +181,7 @@ class Pool {
 
   void release_cached() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (std::byte* base : empty_regions_) unmap(base, kRegionBytes);
+    for (std::byte* base : empty_regions_) unmap_counted(base, kRegionBytes);
     empty_regions_.clear();
   }
 
@@ -154,7 +192,7 @@ class Pool {
       base = empty_regions_.back();  // the most recently freed: the likeliest still in cache
       empty_regions_.pop_back();
     } else {
-      base = map_aligned(kRegionBytes);
+      base = map_counted(kRegionBytes);
     }
     try {
       auto region = std::make_unique<Region>();
@@ -167,7 +205,7 @@ class Pool {
       slack_ += kRegionBytes;
       return result;
     } catch (...) {
-      unmap(base, kRegionBytes);
+      unmap_counted(base, kRegionBytes);
       throw;
     }
   }
@@ -183,7 +221,7 @@ class Pool {
         // No room to remember it: give it back instead.
       }
     }
-    unmap(base, kRegionBytes);
+    unmap_counted(base, kRegionBytes);
   }
 
   static void link(Region*& head, Region* region) {
@@ -197,31 +235,6 @@ class Pool {
     (region->prev != nullptr ? region->prev->next : head) = region->next;
     if (region->next != nullptr) region->next->prev = region->prev;
     region->prev = region->next = nullptr;
-  }
-
-  // `bytes` (a multiple of kRegionBytes) aligned to a region, advised onto huge pages.
-  static std::byte* map_aligned(size_t bytes) {
-#if defined(__linux__)
-    // A region more than asked, then the unaligned ends cut off: mmap only promises page alignment.
-    void* mapped = mmap(nullptr, bytes + kRegionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mapped == MAP_FAILED) throw std::bad_alloc();
-    const uintptr_t start = reinterpret_cast<uintptr_t>(mapped);
-    const uintptr_t aligned = (start + kRegionBytes - 1) & ~uintptr_t{kRegionBytes - 1};
-    if (aligned > start) munmap(mapped, aligned - start);
-    munmap(reinterpret_cast<void*>(aligned + bytes), start + kRegionBytes - aligned);
-    madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint: no THP is fine
-    return reinterpret_cast<std::byte*>(aligned);
-#else
-    return static_cast<std::byte*>(::operator new(bytes, std::align_val_t{kRegionBytes}));
-#endif
-  }
-
-  static void unmap(std::byte* base, size_t bytes) noexcept {
-#if defined(__linux__)
-    munmap(base, bytes);
-#else
-    ::operator delete(base, std::align_val_t{kRegionBytes});
-#endif
   }
 
   std::mutex mutex_;
@@ -247,15 +260,38 @@ bool pooled(size_t bytes) {
 }  // namespace
 
 void ChunkDeleter::operator()(std::byte* chunk) const noexcept {
-  if (chunk != nullptr && !pool().release(chunk)) delete[] chunk;
+  if (chunk == nullptr) return;
+  count_allocated(MemoryKind::Table, -static_cast<int64_t>(bytes));
+  if (!pool().release(chunk)) {
+    delete[] chunk;
+    count_reserved(MemoryKind::Table, -static_cast<int64_t>(bytes));
+  }
 }
 
 ChunkPtr allocate_chunk(size_t bytes) {
   pool().check_settings();
-  if (pooled(bytes)) return ChunkPtr(pool().allocate(bytes));
-  if (bytes > kRegionBytes && bytes % kRegionBytes == 0) return ChunkPtr(pool().allocate_whole_regions(bytes));
-  return ChunkPtr(new std::byte[bytes]);
+  std::byte* chunk;
+  if (pooled(bytes)) {
+    chunk = pool().allocate(bytes);
+  } else if (bytes > kRegionBytes && bytes % kRegionBytes == 0) {
+    chunk = pool().allocate_whole_regions(bytes);
+  } else {
+    return allocate_heap_chunk(bytes);
+  }
+  count_allocated(MemoryKind::Table, static_cast<int64_t>(bytes));
+  return ChunkPtr(chunk, ChunkDeleter{bytes});
 }
+
+ChunkPtr allocate_heap_chunk(size_t bytes) {
+  ChunkPtr chunk(new std::byte[bytes], ChunkDeleter{bytes});
+  count_reserved(MemoryKind::Table, static_cast<int64_t>(bytes));
+  count_allocated(MemoryKind::Table, static_cast<int64_t>(bytes));
+  return chunk;
+}
+
+std::byte* map_huge_pages(size_t bytes) { return map_aligned(bytes); }
+
+void unmap_huge_pages(std::byte* base, size_t bytes) noexcept { unmap(base, bytes); }
 
 size_t pooled_chunk_slack_bytes() { return pool().slack(); }
 

@@ -24,7 +24,8 @@
 // size, and freed chunks in regions still partly used — is counted by no table;
 // pooled_chunk_slack_bytes() reports it, and cached_chunk_region_bytes() the empty regions kept.
 // Sizes the regions would waste memory on (small ones, and large ones that do not divide or fill
-// whole regions) come from operator new. Thread-safe.
+// whole regions) come from operator new. Every chunk is table memory to memory_accounting.h: in use
+// while held, reserved with the regions it lies in. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -36,8 +37,10 @@ namespace recdev::store {
 // huge-page mapping of its own (or a region).
 inline constexpr size_t kChunkRegionBytes = size_t{2} << 20;
 
-// Frees a chunk from allocate_chunk, wherever it came from.
+// Frees a chunk from allocate_chunk, wherever it came from; it carries the chunk's size for the
+// memory accounts.
 struct ChunkDeleter {
+  size_t bytes = 0;
   void operator()(std::byte* chunk) const noexcept;
 };
 using ChunkPtr = std::unique_ptr<std::byte[], ChunkDeleter>;
@@ -45,6 +48,14 @@ using ChunkPtr = std::unique_ptr<std::byte[], ChunkDeleter>;
 // `bytes` of uninitialized memory, aligned for any record. Throws std::bad_alloc, or StoreError
 // (InvalidArgument) when RECDEV_STORE_CACHE_BYTES is not a number.
 ChunkPtr allocate_chunk(size_t bytes);
+
+// `bytes` from operator new, never pooled, but counted as a chunk: for arrays too small to share regions.
+ChunkPtr allocate_heap_chunk(size_t bytes);
+
+// `bytes` (a multiple of kChunkRegionBytes) of huge-page memory outside the pool and its accounts,
+// for CPU arrays that are not table memory (a snapshot's rows); give it back with unmap_huge_pages.
+std::byte* map_huge_pages(size_t bytes);
+void unmap_huge_pages(std::byte* base, size_t bytes) noexcept;
 
 // Bytes the pool holds in its regions that are not in a chunk in use (empty regions kept aside).
 size_t pooled_chunk_slack_bytes();

@@ -39,7 +39,7 @@ ChunkPtr RowIndex::allocate_buckets(size_t capacity) {
   const size_t bytes = capacity * sizeof(Bucket);
   // Small arrays stay off the pool: a few pages need no huge one, and as a table's sub-shards outgrow
   // theirs together, the freed arrays would leave holes in the regions the records' chunks share.
-  if (bytes < kMinPooledBucketBytes) return ChunkPtr(new std::byte[bytes]);
+  if (bytes < kMinPooledBucketBytes) return allocate_heap_chunk(bytes);
   return allocate_chunk(bytes);
 }
 

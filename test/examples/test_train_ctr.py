@@ -29,6 +29,12 @@ def test_short_training_beats_the_majority_baseline(tmp_path):
     assert "1,000,000,000 rows in the table" in out and "materialized" in out
 
 
+def test_training_with_the_mlp_under_bfloat16_autocast(tmp_path):
+    out = _run("--train-samples", "60000", "--test-samples", "10000", "--epochs", "1", "--autocast", "bf16",
+               "--plot", "")
+    assert _held_out_auc(out) > 0.7, out  # majority-class baseline: 0.5
+
+
 def test_training_under_a_row_budget_with_admission(tmp_path):
     out = _run("--train-samples", "60000", "--test-samples", "10000", "--epochs", "1", "--max-rows", "3000",
                "--admit-after", "2", "--plot", "")

@@ -88,6 +88,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.prefix = "model_" if self.remote else f"model{os.getpid()}_{next(_examples)}_"
         self.counter = itertools.count()
         self.aux = {}  # other named tables (stochastic rounding, share_tables): name -> (rows, dim, dtype)
+        self.aux_handles: dict[str, torch.Tensor] = {}
         self.models: dict[str, TableModel] = {}
         self.handles: dict[str, torch.Tensor] = {}
         self.tmp = tempfile.mkdtemp(prefix="recdev-model-")
@@ -112,7 +113,17 @@ class StoreMachine(RuleBasedStateMachine):
             torch_recdev.connect(None)
             for server in self.servers:
                 server.stop()
+        else:
+            self.erase_every_row()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def erase_every_row(self) -> None:
+        """Erases every row of the example's tables (after its compactions): test_store_model then
+        checks that the store's table memory is back where the run started."""
+        if os.path.isdir(self.vdir):
+            ops.wait_for_compaction(self.vdir)
+        for t in [*self.handles.values(), *self.aux_handles.values()]:
+            ops.emb_delete(t, torch.arange(t.shape[0]))
 
     def _restart(self, shard: int, checkpoint_dir: str) -> None:
         old = self.servers[shard]
@@ -431,6 +442,7 @@ class StoreMachine(RuleBasedStateMachine):
             hp["stochastic_rounding"] = True
         t = ops.init_embedding_table(name, 16, 8, dtype=DTYPES[dtype], init=torch_recdev.Constant(1.0),
                                      optimizer=("sgd", hp))
+        self.aux_handles[name] = t
         if via == "optim":
             torch_recdev.optim.SGD([t], lr=1.0, stochastic_rounding=True)
         ids = torch.arange(16)
@@ -462,6 +474,7 @@ class StoreMachine(RuleBasedStateMachine):
         prefix = self.full(f"share{next(self.counter)}.")
         torch_recdev.share_tables(emb, prefix=prefix)
         self.aux[prefix + "weight"] = (16, 8, dtype)
+        self.aux_handles[prefix + "weight"] = emb.weight
         assert emb.weight.dtype == DTYPES[dtype], f"share_tables turned a {dtype} table into {emb.weight.dtype}"
         assert torch_recdev.table_stats(emb.weight)["dtype"] == dtype
 
@@ -506,6 +519,7 @@ class StoreMachine(RuleBasedStateMachine):
         t = ops.init_embedding_table(name, 8, 2, init=torch_recdev.Constant(0.5), max_rows=max_rows,
                                      **SHARD_BUDGETS[kind])
         self.aux[name] = (8, 2, "float32")
+        self.aux_handles[name] = t
         for keys in batches:
             held = ops.emb_exists(t, torch.arange(8)).tolist()
             stats = torch_recdev.table_stats(t)

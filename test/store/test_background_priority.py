@@ -28,7 +28,7 @@ WATCH = textwrap.dedent("""
         return found
 
     torch_recdev.connect(None)
-    rows = 400_000
+    rows = 150_000
     table = ops.init_embedding_table("priority", rows, 64, optimizer=("adagrad", {"lr": 0.1}), reset=True)
     ops.emb_update(table, torch.arange(rows), torch.ones(rows, 64))
     directory = tempfile.mkdtemp()

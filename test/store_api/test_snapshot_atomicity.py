@@ -16,7 +16,7 @@ from torch_recdev import ops
 ROWS, DIM = 100_000, 16
 # A tear needs the save to pass the request between two of its sub-shard locks: rare per save, so
 # each test saves as often as it can for a while (about 20 saves a second here).
-RACE_SECONDS, MAX_SAVES = 6.0, 150
+RACE_SECONDS, MAX_SAVES = 4.0, 150
 
 
 @pytest.fixture
