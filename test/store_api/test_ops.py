@@ -168,7 +168,10 @@ torch.save(ops.emb_read(t, keys).cpu(), {str(tmp_path / "after.pt")!r})
 """
     # The fresh process loads into its embedded store (also a file a remote store saved): on the
     # remote store, both processes would update the same rows.
+    # The file holds every table of this process's store, spilling ones of earlier tests too: those
+    # need a disk directory to load into.
     env = {k: v for k, v in os.environ.items() if k != "RECDEV_SERVERS"}
+    env["RECDEV_DISK_DIR"] = str(tmp_path / "disk")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     torch.manual_seed(0)
