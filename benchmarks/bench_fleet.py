@@ -116,5 +116,5 @@ if __name__ == "__main__":
     if not quick:
         with open(os.path.join(harness.RESULTS_DIR, "fleet.md"), "w") as f:
             f.write(f"# bench_fleet, {datetime.date.today()}, {os.cpu_count()} cores shared with other jobs "
-                    f"(load average {os.getloadavg()[0]:.0f} at the end)\n\n{body}")
+                    f"(load average {os.getloadavg()[0]:.0f} at the end)\n\nHost: {harness.host_description()}.\n\n{body}")
     print(body)

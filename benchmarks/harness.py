@@ -141,9 +141,39 @@ def plot(path: str, sections: dict[str, list[Row]]) -> None:
     plt.close(fig)
 
 
+def _cache_sizes(cache_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> list[str]:
+    """cpu0's caches as 'L1d 48K', 'L2 2048K', ... (an L3 is shared by the cores it lists)."""
+    if not os.path.isdir(cache_dir):
+        return []
+    caches = []
+    for index in sorted(name for name in os.listdir(cache_dir) if name.startswith("index")):
+        field = {}
+        for key in ("level", "type", "size"):
+            with open(os.path.join(cache_dir, index, key)) as f:
+                field[key] = f.read().strip()
+        kind = {"Data": "d", "Instruction": "i"}.get(field["type"], "")
+        caches.append(f"L{field['level']}{kind} {field['size']}")
+    return caches
+
+
+def host_description() -> str:
+    """The CPU model, its caches and the vector and checksum instructions the store's kernels choose
+    among: ratios from hosts that differ here are not one figure."""
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    isa = [flag for flag in ("sse4_2", "pclmulqdq", "avx2", "avx512f", "vpclmulqdq") if flag in flags]
+    return f"{model}; caches {', '.join(_cache_sizes()) or 'unknown'}; {' '.join(isa) or 'no SIMD flags'}"
+
+
 def write(name: str, sections: dict[str, list], preamble: str = "", out_dir: str = RESULTS_DIR) -> str:
     os.makedirs(out_dir, exist_ok=True)
-    body = preamble + "\n".join(markdown(title, rows) for title, rows in sections.items())
+    body = preamble + f"Host: {host_description()}.\n\n" + "\n".join(markdown(title, rows) for title, rows in sections.items())
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(body)
     plot(os.path.join(out_dir, f"{name}.png"), sections)

@@ -9,16 +9,19 @@ import concurrent.futures
 
 import torch
 
+from . import _C
+
 _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="recdev-async")
 
 
 def submit(fn, *args) -> torch.futures.Future:
     """Runs ``fn(*args)`` after every operation submitted before; a future of its result."""
     future = torch.futures.Future()
+    caller_state = _C._ThreadLocalState()  # a profiler around the call sees the operation's ranges
 
     def run():
         try:
-            future.set_result(fn(*args))
+            future.set_result(_C._call_in_thread_local_state(caller_state, lambda: fn(*args)))
         except BaseException as error:  # noqa: BLE001 (handed to the waiter)
             future.set_exception(error)
 

@@ -6,7 +6,7 @@
 
 #include "store/task_runner.h"
 
-#include <ATen/Parallel.h>
+#include "device/profiler_ranges.h"
 
 namespace recdev::device {
 
@@ -15,7 +15,7 @@ namespace {
 void launch_on_intra_op_pool(size_t threads, const std::function<void()>& work) {
   // One work() per pool thread; inside another parallel region, or with fewer pool threads, the
   // calls run one after another, and the first takes every task.
-  at::parallel_for(0, static_cast<int64_t>(threads), 1, [&](int64_t begin, int64_t end) {
+  parallel_for_profiled(0, static_cast<int64_t>(threads), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       work();
     }

@@ -6,6 +6,8 @@
 
 #include "device/cpu_access.h"
 #include "device/cpu_view.h"
+#include "device/profiler_ranges.h"
+#include "device/store_ranges.h"
 #include "device/table_storage.h"
 #include "fallback.h"
 #include "table_rows.h"
@@ -351,7 +353,8 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
   // float32 sums (128 KiB) are still in cache when they are rounded into the output: rounding a
   // whole task's sums afterwards measured 11% of a float16 pooled gather.
   const int64_t round_bags = half && !one_request ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
-  at::parallel_for(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
+  const trace::Range range = device::pooled_gather_range(table, rows.size(), static_cast<size_t>(num_bags));
+  device::parallel_for_profiled(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
     for (int64_t first = begin; first < end; first += round_bags)
       pool_bag_range(first, std::min(end, first + round_bags));
   });

@@ -13,6 +13,7 @@
 
 #include "device/cpu_access.h"
 #include "device/cpu_view.h"
+#include "device/store_ranges.h"
 #include "table_rows.h"
 
 #include "store/table_handle.h"
@@ -62,6 +63,7 @@ void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, co
   // Adagrad's lr_decay follow the step count, as in torch). Gradients go in
   // the table's own type, which the store widens to its compute type.
   const at::Tensor g = grads.to(device::scalar_type_of(table.dtype())).contiguous();
+  const trace::Range range = device::update_range(table, rows.size(), 0);
   table.update(rows.data(), rows.size(), g.const_data_ptr());
 }
 
@@ -219,6 +221,7 @@ void update_from_bag_grads(const at::Tensor& weight, uint64_t first_row, const s
   const at::Tensor bag_offsets = on_cpu(offsets).to(at::kLong).contiguous();
   const at::Tensor weights =
       per_sample_weights.defined() ? on_cpu(per_sample_weights).to(at::kFloat).contiguous() : at::Tensor();
+  const trace::Range range = device::update_range(table, rows.size(), static_cast<size_t>(bag_grads.size(0)));
   table.update_pooled(rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(),
                       static_cast<size_t>(bag_grads.size(0)), static_cast<store::PoolingMode>(mode),
                       weights.defined() ? weights.const_data_ptr<float>() : nullptr, include_last_offset,

@@ -3,6 +3,8 @@
 #include "device/allocator.h"
 #include "device/cpu_access.h"
 #include "device/cpu_view.h"
+#include "device/profiler_ranges.h"
+#include "device/store_ranges.h"
 
 #include "store/table_handle.h"
 
@@ -94,7 +96,8 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   const size_t words = table.row_words();
   const bool one_request = table.row_path_traits().one_request_per_batch;
   const int64_t rows_per_task = one_request ? std::max<int64_t>(1, rows.size()) : kRowsPerTask;
-  at::parallel_for(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
+  const trace::Range range = device::gather_range(table, rows.size());
+  device::parallel_for_profiled(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
     table.gather(rows.data() + begin, static_cast<size_t>(end - begin), dst + static_cast<size_t>(begin) * words);
   });
   return out;

@@ -2,6 +2,7 @@
 
 #include "device/current_store.h"
 #include "device/generator.h"
+#include "device/store_ranges.h"
 #include "device/table_storage.h"
 
 #include "net/client/remote_store.h"
@@ -165,6 +166,7 @@ void init_rows(const at::Tensor& t, const at::Tensor& keys, const std::string& k
     store::store_init_values(config.dtype, values.data(), rows.data() + i * config.row_words, elements);
   }
   py::gil_scoped_release no_gil;
+  const trace::Range range = device::write_range(table, ids.size());
   table.write(ids.data(), ids.size(), rows.data());
 }
 
@@ -173,6 +175,7 @@ at::Tensor read_rows(const at::Tensor& t, const at::Tensor& keys) {
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_read");
   at::Tensor out = at::empty({static_cast<int64_t>(ids.size()), row_width(table)}, dtype_of(table, "emb_read"));
   py::gil_scoped_release no_gil;
+  const trace::Range range = device::gather_range(table, ids.size());
   table.gather(ids.data(), ids.size(), static_cast<float*>(out.data_ptr()));
   return out;
 }
@@ -182,6 +185,7 @@ void write_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& v
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_write");
   const at::Tensor rows = rows_of(values, ids.size(), table, "emb_write");
   py::gil_scoped_release no_gil;
+  const trace::Range range = device::write_range(table, ids.size());
   table.write(ids.data(), ids.size(), static_cast<const float*>(rows.const_data_ptr()));
 }
 
@@ -190,6 +194,7 @@ void update_rows(const at::Tensor& t, const at::Tensor& keys, const at::Tensor& 
   const std::vector<uint64_t> ids = keys_of(keys, table, "emb_update");
   const at::Tensor rows = rows_of(grads, ids.size(), table, "emb_update");
   py::gil_scoped_release no_gil;
+  const trace::Range range = device::update_range(table, ids.size(), 0);
   table.update(ids.data(), ids.size(), rows.const_data_ptr());
 }
 

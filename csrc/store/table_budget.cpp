@@ -10,6 +10,7 @@
 #include "prefetch.h"
 #include "table_internals.h"
 #include "task_runner.h"
+#include "trace_range.h"
 
 namespace recdev::store {
 namespace {
@@ -110,6 +111,8 @@ HeldRows Table::held_rows() const {
 void Table::evict_and_admit(const std::vector<uint64_t>& victims, const std::vector<uint64_t>& admitted,
                             const RowsReadBack* back) {
   if (victims.empty() && admitted.empty()) return;
+  const trace::Range range("recdev::admit",
+                           {{"table", id_}, {"admitted", admitted.size()}, {"evicted", victims.size()}});
   const ShardRoute out(victims.data(), victims.size());
   const ShardRoute in(admitted.data(), admitted.size());
   run_tasks(kNumShards, threads_for(victims.size() + admitted.size(), kEvictedOrAdmittedRowsPerThread), [&](size_t s) {

@@ -10,6 +10,7 @@
 #include "row_copier.h"
 #include "table_internals.h"
 #include "task_runner.h"
+#include "trace_range.h"
 
 namespace recdev::store {
 namespace {
@@ -126,6 +127,9 @@ void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy 
   // Second pass under the write locks, a sub-shard at a time: materialize what was missing (another
   // thread may have materialized, or written, some of it in between; materialize() then finds it).
   // Computing init values is most of a first touch, so sub-shards go to several threads.
+  const trace::Range range = missing.empty()
+                                 ? trace::Range()
+                                 : trace::Range("recdev::first_touch", {{"table", id_}, {"rows", missing.size()}});
   const ShardRoute route(missing.data(), missing.size());
   run_tasks(kNumShards, threads_for(missing.size(), kMaterializeRowsPerThread), [&](size_t s) {
     if (route.begin(s) == route.end(s)) return;

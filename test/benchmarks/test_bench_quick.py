@@ -33,6 +33,9 @@ def test_quick_benchmark_run_writes_table_and_plot(quick_run):
                      "raw loopback TCP stream", "throughput against table size", "against server shards",
                      "fbgemm", "first touch, 100,000 new ids", "a drifting stream", "demo, one pass over"):
         assert workload in table
+    # The host, so that ratios from hosts with other caches or instructions are never read as one.
+    (host,) = [line for line in table.splitlines() if line.startswith("Host: ")]
+    assert " caches L1d " in host and " L2 " in host
     assert (tmp_path / "quick.png").stat().st_size > 10_000
 
 

@@ -7,7 +7,8 @@ import shutil
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCES = ["test/net/exchange_phases.cpp", "csrc/net/client/exchange.cpp", "csrc/net/wire/protocol.cpp", "csrc/net/wire/socket.cpp"]
+SOURCES = ["test/net/exchange_phases.cpp", "csrc/net/client/exchange.cpp", "csrc/net/wire/protocol.cpp",
+           "csrc/net/wire/socket.cpp", "csrc/store/trace_range.cpp"]
 
 
 def test_exchange_phases(tmp_path):

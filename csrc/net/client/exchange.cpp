@@ -47,10 +47,18 @@ void Exchange::fail(Channel& channel, const std::string& reason) {
   }
   channel.failed = true;
   channel.connection->broken = true;
+  channel.range.end();
 }
 
 void Exchange::deliver(Channel& channel) {
   const size_t call = channel.calls[channel.receive_index++];
+  if (channel.range.recorded()) {
+    // The bytes received are known only now, after the range opened: an answer is a range of its own.
+    trace::Range("recdev::remote_answer", {{"shard", channel.shard},
+                                           {"opcode", std::string_view(opcode_name(uint8_t(calls_[call].opcode)))},
+                                           {"bytes_received", kHeaderBytes + channel.payload.size()}});
+    if (channel.receive_index == channel.calls.size()) channel.range.end();
+  }
   if (channel.header.flags & kFlagError) {
     ErrorResponse error;
     try {
@@ -151,7 +159,27 @@ bool Exchange::receive(Channel& channel) {
   return progress;
 }
 
+void Exchange::open_profiler_ranges() {
+  if (!trace::active()) return;
+  // Shards answer in parallel, in any order: their ranges overlap unless there is one.
+  const trace::Nesting nesting = channels_.size() > 1 ? trace::Nesting::Overlapping : trace::Nesting::Nested;
+  for (Channel& channel : channels_) {
+    size_t bytes_sent = 0;
+    for (size_t call : channel.calls) bytes_sent += calls_[call].frame.size();
+    const std::string server = describe_(channel.shard);
+    channel.range =
+        trace::Range("recdev::remote",
+                     {{"shard", channel.shard},
+                      {"server", server},
+                      {"opcode", std::string_view(opcode_name(uint8_t(calls_[channel.calls.front()].opcode)))},
+                      {"requests", channel.calls.size()},
+                      {"bytes_sent", bytes_sent}},
+                     nesting);
+  }
+}
+
 void Exchange::run(std::chrono::milliseconds timeout, const std::string& timeout_text) {
+  open_profiler_ranges();
   auto last_progress = Clock::now();
   std::vector<pollfd> fds;
   std::vector<Channel*> polled;

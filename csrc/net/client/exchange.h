@@ -23,6 +23,7 @@
 
 #include "net/wire/protocol.h"
 #include "net/wire/socket.h"
+#include "store/trace_range.h"
 
 namespace recdev::net {
 
@@ -80,6 +81,7 @@ class Exchange {
     std::vector<uint8_t> payload;
     size_t payload_have = 0;
     bool failed = false;
+    trace::Range range;  // recdev::remote while a profiler records: until the last answer is in
 
     bool sending() const { return !failed && send_index < calls.size(); }
     bool receiving() const { return !failed && receive_index < calls.size(); }
@@ -110,6 +112,7 @@ class Exchange {
 
  private:
   std::string failure_prefix(const Channel& channel, size_t call) const;
+  void open_profiler_ranges();
   // After a header is read: checks it and readies the payload buffer; false if the channel failed.
   bool start_payload(Channel& channel);
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "store/errors.h"
+#include "store/trace_range.h"
 
 namespace recdev::net {
 
@@ -46,6 +47,10 @@ void stage_step(const std::vector<store::StepRows>& tables, const StepTag& tag, 
   const std::vector<RemoteTable*> remote = remote_tables(handles);
   RemoteSession& session = *remote.front()->session();
   const auto timeout_ms = uint32_t(std::max(1.0, std::ceil(timeout_seconds * 1000)));
+  size_t ids = 0;
+  for (const store::StepRows& rows : tables) ids += rows.n;
+  const trace::Range range("recdev::sync_stage",
+                           {{"step", tag.step}, {"rank", tag.rank}, {"tables", tables.size()}, {"ids", ids}});
   RemoteSession::Lease lease(session);
   std::vector<Call> calls;
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -58,6 +63,7 @@ void commit_step(const std::vector<store::TableHandle*>& handles, const StepTag&
   if (handles.empty()) return;
   const std::vector<RemoteTable*> tables = remote_tables(handles);
   RemoteSession& session = *tables.front()->session();
+  const trace::Range range("recdev::commit", {{"step", tag.step}, {"rank", tag.rank}, {"tables", tables.size()}});
   RemoteSession::Lease lease(session);
   // Every shard that can be asked is asked, even when another cannot: the step then holds on every
   // shard still holding it, and the error below can say where it was applied.

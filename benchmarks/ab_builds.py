@@ -1,0 +1,100 @@
+"""A/B of two builds of torch_recdev on the same workloads: each build is the Python of its own
+checkout's venv, run in a fresh process per round, A and B in turn so that a machine's drift falls on
+both. Prints each workload's median milliseconds per call over the rounds and the ratio B/A (below 1:
+B is faster).
+
+    python benchmarks/ab_builds.py --a ../old/.venv/bin/python --b .venv/bin/python --rounds 7
+
+A round runs `python benchmarks/ab_builds.py --run WORKLOAD`, which times the workload in that
+build's process and prints its median; the workloads are defined below, the same for both builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import torch_recdev  # the build of the python running this file
+
+ROWS, DIM, BATCH, BAG = 10**6, 128, 65_536, 4
+
+
+def _timed(call, reps):
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _table_embedding(cls, **kwargs):
+    with torch_recdev.placement("table"):
+        module = cls(ROWS, DIM, device="recdev", **kwargs)
+    ids = torch.randint(0, ROWS, (BATCH,)).to("recdev")
+    return module, ids
+
+
+def lookup():
+    emb, ids = _table_embedding(torch.nn.Embedding)
+    return _timed(lambda: emb(ids), 30)
+
+
+def pooled_lookup():
+    bag, ids = _table_embedding(torch.nn.EmbeddingBag, mode="sum")
+    offsets = torch.arange(0, BATCH, BAG).to("recdev")
+    return _timed(lambda: bag(ids, offsets), 30)
+
+
+def training_step():
+    bag, ids = _table_embedding(torch.nn.EmbeddingBag, mode="sum")
+    offsets = torch.arange(0, BATCH, BAG).to("recdev")
+    opt = torch_recdev.optim.Adagrad([bag.weight], lr=0.01)
+
+    def step():
+        bag(ids, offsets).sum().backward()
+        opt.step()
+
+    return _timed(step, 20)
+
+
+WORKLOADS = {"lookup": lookup, "pooled_lookup": pooled_lookup, "training_step": training_step}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", help="build A's python (the old build)")
+    parser.add_argument("--b", default=sys.executable, help="build B's python (default: this one)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
+    parser.add_argument("--run", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        torch.manual_seed(0)
+        print(f"{WORKLOADS[args.run]():.4f}")
+        return
+    if not args.a:
+        parser.error("--a: the old build's python is needed")
+    script = os.path.abspath(__file__)
+    print("| workload | A ms | B ms | B/A |\n|---|---|---|---|")
+    for workload in args.workload or sorted(WORKLOADS):
+        times = {"a": [], "b": []}
+        for _ in range(args.rounds):
+            for build in ("a", "b"):
+                python = getattr(args, build)
+                out = subprocess.run([python, script, "--run", workload], capture_output=True, text=True, check=True)
+                times[build].append(float(out.stdout.split()[-1]))
+        a, b = statistics.median(times["a"]), statistics.median(times["b"])
+        print(f"| {workload} | {a:.3f} | {b:.3f} | {b / a:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
