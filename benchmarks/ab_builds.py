@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -66,7 +67,40 @@ def training_step():
     return _timed(step, 20)
 
 
-WORKLOADS = {"lookup": lookup, "pooled_lookup": pooled_lookup, "training_step": training_step}
+def _saved_rows_model():
+    """A 10^9 x 64 nn.Embedding with 10^6 rows written: bench_serialization's table."""
+    model = torch.nn.Embedding(10**9, 64, device="recdev")
+    ids = torch.randint(0, 10**9, (10**6,)).unique()
+    torch_recdev.ops.emb_write(model.weight, ids, torch.randn(len(ids), 64))
+    return model
+
+
+def save():
+    """torch.save with PyTorch's zip CRC-32 off: the table's own checksums are the integrity."""
+    model = _saved_rows_model()
+    torch.serialization.set_crc32_options(False)
+    with tempfile.TemporaryDirectory() as tmp:
+        return _timed(lambda: torch.save(model.state_dict(), os.path.join(tmp, "m.pt")), 5)
+
+
+def load():
+    """torch.load(mmap=True) + load_state_dict, which checks the table's checksums."""
+    model = _saved_rows_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.pt")
+        torch.save(model.state_dict(), path)
+        del model
+        destination = torch.nn.Embedding(10**9, 64, device="recdev")
+        return _timed(lambda: destination.load_state_dict(torch.load(path, mmap=True)), 5)
+
+
+WORKLOADS = {
+    "lookup": lookup,
+    "pooled_lookup": pooled_lookup,
+    "training_step": training_step,
+    "save": save,
+    "load": load,
+}
 
 
 def main():

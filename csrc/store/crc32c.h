@@ -1,6 +1,7 @@
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of the disk tier's blocks. x86's
-// SSE4.2 `crc32` instruction computes it eight bytes per instruction; a portable table-driven
-// version runs where the instruction is missing (chosen once, at run time).
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of the disk tier's blocks, of
+// versions and of torch.save's table snapshots. x86's SSE4.2 `crc32` instruction computes it eight
+// bytes per instruction, on three interleaved streams past 24 KiB (about 3 bytes per cycle per core);
+// a portable table-driven version runs where the instruction is missing (chosen once, at run time).
 #pragma once
 
 #include <cstddef>

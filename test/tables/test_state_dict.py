@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import torch_recdev
 from torch_recdev import set_max_fallback_bytes, table_stats
+from torch_recdev._testing import _store
 
 HUGE_ROWS = 10**10
 
@@ -231,16 +232,23 @@ def test_a_truncated_file_is_refused_and_nothing_loads(tmp_path):
     assert table_stats(target.bag.weight)["rows"] == 0
 
 
-# The checksummed layout of a snapshot's header (csrc/python/table_serialization.cpp, header_crc32):
+# The checksummed layout of a snapshot's header (csrc/python/table_serialization.cpp, header_checksum):
 # storage size and row width, shape, init rule, init stream, optimizer and step, row count.
 _HEADER_LAYOUT = "<QIQIIIddQQI7dQQ"
 
 
+# A snapshot format's checksum: its function and the suffix of its header fields.
+_CHECKSUMS = {3: (_store.crc32c, "crc32c"), 2: (zlib.crc32, "crc32")}
+
+
 def _resealed(args):
-    """The snapshot args with checksums recomputed over what they now hold (zlib's CRC-32 is the
-    store's): what a forger, rather than a damaged file, would write. Headers too broken to checksum
+    """The snapshot args with checksums recomputed over what they now hold, in their format's
+    checksum: what a forger, rather than a damaged file, would write. Headers too broken to checksum
     are left as they are."""
     header, ids, records = args[0], args[1], args[2]
+    if header.get("format") not in _CHECKSUMS:
+        return args
+    crc, suffix = _CHECKSUMS[header["format"]]
     try:
         init_kind, a, b = header["init"]
         header_bytes = struct.pack(
@@ -248,15 +256,20 @@ def _resealed(args):
             header["state_floats"], init_kind, a, b, header["init_seed"], header["init_stream"],
             *header["optimizer"], header["optimizer_step"], len(ids),
         )
-        chunk = header["crc32_chunk_bytes"]
+        chunk = header[f"{suffix}_chunk_bytes"]
     except (KeyError, TypeError, ValueError, struct.error):
         return args
 
     def crcs(t):
         data = t.contiguous().numpy().tobytes()
-        return [zlib.crc32(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+        return [crc(data[i : i + chunk]) for i in range(0, len(data), chunk)]
 
-    sealed = {**header, "header_crc32": zlib.crc32(header_bytes), "ids_crc32": crcs(ids), "records_crc32": crcs(records)}
+    sealed = {
+        **header,
+        f"header_{suffix}": crc(header_bytes),
+        f"ids_{suffix}": crcs(ids),
+        f"records_{suffix}": crcs(records),
+    }
     return [sealed] + list(args[1:])
 
 
@@ -344,16 +357,33 @@ def test_a_changed_header_number_is_refused_by_its_checksum(lazy_table):
 def test_snapshots_of_format_1_without_checksums_still_load(lazy_table):
     w = lazy_table(30, 8)
     _touch(w, torch.tensor([1, 2, 3]))
-    checksums = ("crc32_chunk_bytes", "header_crc32", "ids_crc32", "records_crc32")
+    checksums = ("crc32c_chunk_bytes", "header_crc32c", "ids_crc32c", "records_crc32c")
 
     def format_1(a):
         return [{**{k: v for k, v in a[0].items() if k not in checksums}, "format": 1}] + a[1:]
 
     func, args = _tampered(w, format_1, reseal=False)
     assert torch.equal(func(*args).cpu(), w.cpu())
-    # a format-2 file whose format number was damaged into 1 still carries its checksums: refused
+    # a format-3 file whose format number was damaged into 1 still carries its checksums: refused
     func, args = _tampered(w, lambda a: [{**a[0], "format": 1}] + a[1:], reseal=False)
     with pytest.raises(ValueError, match="says format 1, which has no checksums"):
+        func(*args)
+
+
+def test_snapshots_of_format_2_with_crc32_still_load_and_are_checked(lazy_table):
+    w = lazy_table(30, 8)
+    _touch(w, torch.tensor([1, 2, 3]))
+    crc32c_fields = ("crc32c_chunk_bytes", "header_crc32c", "ids_crc32c", "records_crc32c")
+
+    def format_2(a):
+        header = {k: v for k, v in a[0].items() if k not in crc32c_fields}
+        return [{**header, "format": 2, "crc32_chunk_bytes": a[0]["crc32c_chunk_bytes"]}] + a[1:]
+
+    func, args = _tampered(w, format_2)  # sealed with zlib's CRC-32, as format 2 was
+    assert torch.equal(func(*args).cpu(), w.cpu())
+    args[2] = args[2].clone()
+    args[2][0, 0] += 1
+    with pytest.raises(ValueError, match=r"is damaged: the checksum \(CRC-32\) of its row records"):
         func(*args)
 
 
