@@ -94,7 +94,24 @@ def load():
         return _timed(lambda: destination.load_state_dict(torch.load(path, mmap=True)), 5)
 
 
+def store_checkpoint():
+    """ops.save and then ops.load of a store holding a 10^9 x 64 table with 10^6 rows written (the
+    whole-store checkpoint file, which ends in its checksum)."""
+    table = torch_recdev.ops.init_embedding_table("ab_checkpoint", 10**9, 64)
+    ids = torch.randint(0, 10**9, (10**6,)).unique()
+    torch_recdev.ops.emb_write(table, ids, torch.randn(len(ids), 64))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "store.recdev")
+
+        def save_and_load():
+            torch_recdev.ops.save(path)
+            torch_recdev.ops.load(path)
+
+        return _timed(save_and_load, 5)
+
+
 WORKLOADS = {
+    "store_checkpoint": store_checkpoint,
     "lookup": lookup,
     "pooled_lookup": pooled_lookup,
     "training_step": training_step,

@@ -29,7 +29,10 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'T', 'B'};
 // encode_policy_state; 0 for a table without a policy).
 // 5: the u32 after optimizer_kind, reserved (0) before, holds optimizer flags (bit 0: stochastic
 // rounding), and a u64 rounding_seed follows beta2, so that a checkpoint keeps the rounding mode.
-constexpr uint32_t kFormatVersion = 5;
+// 6: the file ends with a CRC-32C instead of a CRC-32: the CPU computes it at memory speed, where the
+// table-driven CRC-32 (1.6 GB/s) was a sixth of a large save's time. The bytes before are version 5's.
+constexpr uint32_t kFormatVersion = 6;
+constexpr uint32_t kCrc32cFormatVersion = 6;
 constexpr uint32_t kPolicyFormatVersion = 4;
 constexpr uint32_t kOldestFormatVersion = 2;
 // magic, version, table_count, crc
@@ -144,7 +147,7 @@ CheckpointSummary write_checkpoint(const std::string& path,
                                                        std::to_string(kMaxNameLength) + ")");
     }
   }
-  ChecksummedWriter out(path, Checksum::Crc32);
+  ChecksummedWriter out(path, Checksum::Crc32c);
   out.put_bytes(kMagic, sizeof(kMagic));
   out.put(kFormatVersion);
   out.put(uint32_t(tables.size()));
@@ -171,8 +174,21 @@ StagedTable read_section(ChecksummedReader& in, const std::string& path, uint32_
   return staged;
 }
 
+// The checksum the file's format version ends with, read ahead of the checksummed pass that reads the
+// version again and refuses what is not a checkpoint (so a file too short or of another kind gets
+// any answer here).
+Checksum file_checksum(const std::string& path) {
+  FileReader file(path);
+  if (file.size() < sizeof(kMagic) + sizeof(uint32_t)) return Checksum::Crc32c;
+  char magic[sizeof(kMagic)];
+  uint32_t version;
+  file.read(magic, sizeof(magic));
+  file.read(&version, sizeof(version));
+  return version < kCrc32cFormatVersion ? Checksum::Crc32 : Checksum::Crc32c;
+}
+
 std::vector<StagedTable> read_checkpoint(const std::string& path, const HeaderCheck& check_header, bool stage_rows) {
-  ChecksummedReader in(path, Checksum::Crc32);
+  ChecksummedReader in(path, file_checksum(path));
   if (in.size() < kFileFixedBytes) {
     corrupt(path, "is too small to be a checkpoint (" + std::to_string(in.size()) + " bytes)");
   }

@@ -1,10 +1,10 @@
 // Checkpoint files: tables as their init rule plus their materialized rows only, so a file's size
 // follows the rows touched, not num_rows.
 //
-// Byte layout, format version 5. Integers are unsigned little-endian, f64/f32 are IEEE-754
+// Byte layout, format version 6. Integers are unsigned little-endian, f64/f32 are IEEE-754
 // little-endian; row floats are stored bit-exactly (nan payloads included).
 //
-//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 5 | u32 table_count
+//   file     := magic "RECDEVTB" (8 bytes) | u32 version = 6 | u32 table_count
 //               | table_count x section | u32 crc
 //   section  := u32 name_length (<= 4096) | name (UTF-8, name_length bytes; empty = anonymous)
 //               | u64 num_rows | u32 row_words | u32 state_words
@@ -16,7 +16,8 @@
 //               | u64 row_count | row_count x row
 //               | u64 policy_bytes | policy (policy_bytes bytes; 0: the table has no policy)
 //   row      := u64 row_id | (row_words + state_words) x f32   (weight, then optimizer state)
-//   crc      := CRC-32 (zlib.crc32) of every byte before it
+//   crc      := CRC-32C (crc32c.h) of every byte before it; in versions 2 to 5, which are otherwise
+//               version 5's layout or older, CRC-32 (zlib.crc32)
 //
 // Writing is atomic (file_io.h): a temporary file in the same directory, fsync, rename, fsync of the
 // directory. A table is written as a point-in-time snapshot (Table::scan).

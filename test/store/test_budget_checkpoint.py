@@ -2,10 +2,10 @@
 a budgeted table saved and loaded into a fresh table or store evicts and admits exactly the rows the
 original does under the same further requests, and keeps its budget; files of format 3 still load."""
 
-import zlib
 
 import numpy as np
 import pytest
+from checksums import file_checksum
 from policy_model import PolicyModel
 from test_budget import DIM, NUM_IDS, held, run_against_model
 
@@ -98,28 +98,28 @@ def test_a_file_without_policy_leaves_the_tables_policy(store_mod, tmp_path, rng
 
 
 def as_format_4(data):
-    """A format-5 file of one table without stochastic rounding as format 4 wrote it: no rounding_seed
-    after beta2 (the optimizer flags, reserved then, are 0 already)."""
+    """A format-6 file of one table without stochastic rounding as format 4 wrote it: no rounding_seed
+    after beta2 (the optimizer flags, reserved then, are 0 already), and a CRC-32."""
     body = bytearray(data[:-4])
-    assert body[8:12] == (5).to_bytes(4, "little")
+    assert body[8:12] == (6).to_bytes(4, "little")
     body[8:12] = (4).to_bytes(4, "little")
     name_length = int.from_bytes(body[16:20], "little")
     # magic, version, table_count; then name_length, name, and 120 bytes of config, init and optimizer.
     seed_at = 16 + 4 + name_length + 120
     assert body[seed_at - 60 : seed_at - 56] == bytes(4) and body[seed_at : seed_at + 8] == bytes(8)
     del body[seed_at : seed_at + 8]
-    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
+    return bytes(body) + file_checksum(body)
 
 
 def as_format_3(data):
-    """A format-5 file of tables without a policy as format 3 wrote it: no policy blocks."""
+    """A format-6 file of tables without a policy as format 3 wrote it: no policy blocks."""
     body = bytearray(as_format_4(data)[:-4])
     assert body[8:12] == (4).to_bytes(4, "little")
     body[8:12] = (3).to_bytes(4, "little")
     # One table: its policy block (u64 0) is the last 8 bytes before the checksum.
     assert body[-8:] == bytes(8)
     del body[-8:]
-    return bytes(body) + zlib.crc32(bytes(body)).to_bytes(4, "little")
+    return bytes(body) + file_checksum(body)
 
 
 def test_format_3_files_still_load(store_mod, tmp_path):
@@ -149,7 +149,7 @@ def test_format_4_files_still_load(store_mod, tmp_path):
 def refused_with_nothing_loaded(store_mod, tmp_path, data, match):
     """Loads `data` with its checksum fixed (so that only the field checks can refuse it): refused with
     `match`, and the destination keeps no row of it. Returns the destination."""
-    data[-4:] = zlib.crc32(bytes(data[:-4])).to_bytes(4, "little")
+    data[-4:] = file_checksum(data[:-4])
     (tmp_path / "bad.ckpt").write_bytes(bytes(data))
     _, target = make_table(store_mod)
     with pytest.raises(Exception, match=match):

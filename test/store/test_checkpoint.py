@@ -68,7 +68,7 @@ def test_file_layout_and_checksum(store_mod, tmp_path):
     store_mod.save_table(path, table, "t")
     data = path.read_bytes()
     assert data[:8] == b"RECDEVTB"
-    assert struct.unpack_from("<II", data, 8) == (5, 1)  # version, table count
+    assert struct.unpack_from("<II", data, 8) == (6, 1)  # version, table count
     assert struct.unpack_from("<I", data, 16) == (1,) and data[20:21] == b"t"  # name
     assert len(data) == 16 + (4 + 1 + 144) + (8 + 3 * 4) + 8 + 4
     # After the init stream: the optimizer (None, no flags, its defaults, no rounding seed) and its
@@ -79,7 +79,7 @@ def test_file_layout_and_checksum(store_mod, tmp_path):
     row_id, *row = struct.unpack_from("<Q3f", data, 16 + 149)
     assert (row_id, row) == (42, [1.0, 2.0, 3.0])
     assert struct.unpack_from("<Q", data, 16 + 149 + 20) == (0,)  # policy block: none
-    assert struct.unpack("<I", data[-4:]) == (zlib.crc32(data[:-4]),)
+    assert struct.unpack("<I", data[-4:]) == (store_mod.crc32c(data[:-4]),)
 
 
 def refused_load(store_mod, path, destination, match):
@@ -127,12 +127,26 @@ def test_bad_magic_and_version_are_named(store_mod, tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"NOTACKPT" + good[8:])
     refused_load(store_mod, bad, destination, "bad magic")
-    bad.write_bytes(good[:8] + struct.pack("<I", 6) + good[12:])
-    refused_load(store_mod, bad, destination, "unsupported format version 6; this build reads versions 2 to 5")
+    bad.write_bytes(good[:8] + struct.pack("<I", 7) + good[12:])
+    refused_load(store_mod, bad, destination, "unsupported format version 7; this build reads versions 2 to 6")
     # Version 1 (before optimizers) is refused as such, even with a valid checksum.
     old = good[:8] + struct.pack("<I", 1) + good[12:-4]
     bad.write_bytes(old + struct.pack("<I", zlib.crc32(old)))
-    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads versions 2 to 5")
+    refused_load(store_mod, bad, destination, "unsupported format version 1; this build reads versions 2 to 6")
+
+
+def test_format_5_files_with_a_crc32_still_load_and_are_checked(store_mod, tmp_path):
+    source = populated_table(store_mod)
+    store_mod.save_table(tmp_path / "v6.ckpt", source)
+    body = bytearray((tmp_path / "v6.ckpt").read_bytes()[:-4])
+    body[8:12] = struct.pack("<I", 5)  # version 6 is version 5's bytes with a CRC-32C at the end
+    v5 = tmp_path / "v5.ckpt"
+    v5.write_bytes(bytes(body) + struct.pack("<I", zlib.crc32(body)))
+    destination = make_store_table(store_mod)
+    store_mod.load_table(v5, destination)
+    assert snapshot(destination) == snapshot(source)
+    v5.write_bytes(bytes(body) + struct.pack("<I", store_mod.crc32c(bytes(body))))  # the wrong checksum for 5
+    refused_load(store_mod, v5, make_store_table(store_mod), "checksum")
 
 
 @pytest.mark.parametrize("shape", [dict(num_rows=1001), dict(dim=7)], ids=str)

@@ -4,11 +4,11 @@ relative, gradient validation, state layout, concurrency and checkpoints."""
 import math
 import struct
 import threading
-import zlib
 
 import numpy as np
 import pytest
 import torch
+from checksums import file_checksum
 from threads import run_threads
 
 NUM_ROWS, DIM, STEPS = 300, 8, 50
@@ -623,7 +623,7 @@ def patched(data, offset, fmt, *values):
     checks can refuse it."""
     body = bytearray(data[:-4])
     struct.pack_into(fmt, body, offset, *values)
-    return bytes(body) + struct.pack("<I", zlib.crc32(body))
+    return bytes(body) + file_checksum(body)
 
 
 # Offsets in a table file whose table name is empty: the section starts at 16.
