@@ -78,7 +78,12 @@ def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dic
     ``uptime_seconds``, ``tables``, and ``table_counters`` (each table's rows, evicted, admitted,
     pending, budget, and disk tier: spill, rows_on_disk, disk_bytes, disk_reads, disk_writes); for a
     serving shard (``--serve``), ``serving_dir``, ``serving_version`` (0 before its first) and
-    ``serving_age_seconds`` (since that version was written). ``address`` is ``HOST:PORT``; ``token``
+    ``serving_age_seconds`` (since that version was written); ``staged_steps`` and ``staged_bytes``
+    (synchronous steps held); ``opcodes``, per opcode answered (by name, e.g. ``"GATHER"``):
+    ``requests``, ``errors``, ``rows``, ``bytes_received``, ``bytes_sent``, ``latency_seconds`` (their
+    sum) and ``latency_buckets`` (bucket k counts the requests that took at most
+    ``latency_bucket_bounds_us[k]`` microseconds, the last one the slower ones). ``requests`` and
+    ``errors`` count the requests answered before this one. ``address`` is ``HOST:PORT``; ``token``
     the server's ``--token-file`` token."""
     return dict(_C._server_stats(address, token, timeout))
 

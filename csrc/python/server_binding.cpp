@@ -56,6 +56,28 @@ void bind_server_stats(py::module_& m) {
           tables.append(entry);
         }
         d["table_counters"] = tables;
+        d["staged_steps"] = stats.staged_steps;
+        d["staged_bytes"] = stats.staged_bytes;
+        // Per opcode answered (by name): latency_buckets[k] counts the requests that took at most
+        // latency_bucket_bounds_us[k] microseconds and more than the bound before; the last, the rest.
+        py::dict opcodes;
+        for (const OpcodeCounters& counters : stats.opcodes) {
+          py::dict entry;
+          entry["requests"] = counters.requests();
+          entry["errors"] = counters.errors;
+          entry["bytes_received"] = counters.bytes_received;
+          entry["bytes_sent"] = counters.bytes_sent;
+          entry["rows"] = counters.rows;
+          entry["latency_seconds"] = double(counters.latency_ns) / 1e9;
+          entry["latency_buckets"] =
+              std::vector<uint64_t>(counters.latency_buckets, counters.latency_buckets + kLatencyBuckets);
+          opcodes[opcode_name(uint8_t(counters.opcode))] = entry;
+        }
+        d["opcodes"] = opcodes;
+        std::vector<uint64_t> bounds;
+        for (size_t bucket = 0; bucket + 1 < kLatencyBuckets; ++bucket)
+          bounds.push_back(latency_bucket_bound_us(bucket));
+        d["latency_bucket_bounds_us"] = bounds;
         // A serving shard's (--serve): the directory, the version served (0: none yet) and its age.
         d["serving_dir"] = stats.serving_dir;
         d["serving_version"] = stats.serving_version;

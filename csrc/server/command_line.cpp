@@ -51,6 +51,18 @@ std::string trim(const std::string& text) {
   return text.substr(first, text.find_last_not_of(space) - first + 1);
 }
 
+// The bound of the latency bucket that holds quantile q of an opcode's requests ("<= 64 us"), or
+// "> 33554432 us" when that is the last bucket.
+std::string latency_quantile(const net::OpcodeCounters& opcode, double q) {
+  const double rank = q * double(opcode.requests());
+  uint64_t seen = 0;
+  for (size_t bucket = 0; bucket + 1 < net::kLatencyBuckets; ++bucket) {
+    seen += opcode.latency_buckets[bucket];
+    if (double(seen) >= rank) return "<= " + std::to_string(net::latency_bucket_bound_us(bucket)) + " us";
+  }
+  return "> " + std::to_string(net::latency_bucket_bound_us(net::kLatencyBuckets - 2)) + " us";
+}
+
 using Setter = std::function<void(CommandLine&, const std::string&)>;
 
 // Every flag that takes a value, with what it sets.
@@ -80,6 +92,15 @@ const std::map<std::string, Setter>& flags() {
       {"--idle-timeout",
        [](CommandLine& c, const std::string& v) { c.server.idle_timeout = parse_seconds("--idle-timeout", v); }},
       {"--stats", [](CommandLine& c, const std::string& v) { c.stats_address = v; }},
+      {"--metrics-listen",
+       [](CommandLine& c, const std::string& v) {
+         try {
+           net::parse_host_port(v);
+         } catch (const store::StoreError& error) {
+           throw UsageError(std::string("--metrics-listen: ") + error.what());
+         }
+         c.metrics_address = v;
+       }},
       {"--timeout", [](CommandLine& c, const std::string& v) { c.timeout_seconds = parse_seconds("--timeout", v); }},
   };
   return *table;
@@ -123,6 +144,9 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     setter->second(line, value);
   }
+  if (!line.stats_address.empty() && !line.metrics_address.empty()) {
+    throw UsageError("--metrics-listen serves a running shard's metrics; it does not go with --stats");
+  }
   return line;  // run_server checks how the values fit together (--shard below --num-shards, ...)
 }
 
@@ -141,6 +165,7 @@ std::string usage() {
          "                     [--checkpoint-dir D] [--checkpoint-every SECONDS] [--max-memory BYTES]\n"
          "                     [--lease-seconds SECONDS] [--max-connections N] [--idle-timeout SECONDS]\n"
          "                     [--max-staged-bytes BYTES] [--disk-dir D] [--serve D]\n"
+         "                     [--metrics-listen HOST:PORT]\n"
          "       recdev-server --stats HOST:PORT [--token-file F] [--timeout SECONDS]";
 }
 
@@ -170,6 +195,9 @@ Serve one shard of a remote recdev store (docs/server.md), or print a server's s
                             reconnect by themselves)
   --max-staged-bytes BYTES  refuse a synchronous step's gradients past BYTES staged by all fleets at
                             once (default 1G); a part waits at most 3600 s for the other ranks'
+  --metrics-listen HOST:PORT
+                            also serve these stats as Prometheus metrics at http://HOST:PORT/metrics
+                            (no token: bind it to loopback or a private network; it shows table names)
   --stats HOST:PORT         print the stats of the server at HOST:PORT and exit
   --timeout S               --stats: give up after S seconds (default 10)
   -h, --help                show this help and exit
@@ -189,6 +217,7 @@ std::string format_stats(const std::string& address, const net::ServerStats& sta
       << "errors       " << stats.errors << "\n"
       << "connections  " << stats.connections << "\n"
       << "sessions     " << stats.sessions << "\n"
+      << "staged steps " << stats.staged_steps << " (" << stats.staged_bytes << " bytes)\n"
       << "uptime       " << uptime << "\n";
   if (!stats.serving_dir.empty()) {
     out << "serving      ";
@@ -204,6 +233,15 @@ std::string format_stats(const std::string& address, const net::ServerStats& sta
       std::snprintf(written, sizeof(written), "%.1f s", age);
       out << "version " << stats.serving_version << " of " << stats.serving_dir << ", written " << written << " ago\n";
     }
+  }
+  // Per opcode answered: what the requests carried and how long they took.
+  for (const net::OpcodeCounters& opcode : stats.opcodes) {
+    char mean[32];
+    std::snprintf(mean, sizeof(mean), "%.1f us", double(opcode.latency_ns) / 1000.0 / double(opcode.requests()));
+    out << "opcode       " << net::opcode_name(uint8_t(opcode.opcode)) << ": requests " << opcode.requests()
+        << ", errors " << opcode.errors << ", rows " << opcode.rows << ", received " << opcode.bytes_received
+        << " bytes, sent " << opcode.bytes_sent << " bytes, latency mean " << mean << ", p50 "
+        << latency_quantile(opcode, 0.5) << ", p99 " << latency_quantile(opcode, 0.99) << "\n";
   }
   // Per table: what its policy did on this shard (a budget is this shard's share of the table's).
   for (const net::TableCounters& table : stats.table_counters) {

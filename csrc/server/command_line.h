@@ -19,8 +19,9 @@ class UsageError : public std::runtime_error {
 
 struct CommandLine {
   net::ServerOptions server;
-  std::string token_file;     // empty: no token; main reads it into server.service.token
-  std::string stats_address;  // --stats HOST:PORT: report that server's stats instead of serving
+  std::string token_file;       // empty: no token; main reads it into server.service.token
+  std::string stats_address;    // --stats HOST:PORT: report that server's stats instead of serving
+  std::string metrics_address;  // --metrics-listen HOST:PORT: serve Prometheus metrics there too (metrics_http.h)
   double timeout_seconds = 10.0;
   bool help = false;
 };

@@ -3,6 +3,7 @@
 //
 //   recdev-server --listen 127.0.0.1:7070 --shard 0 --num-shards 2 [--token-file F]
 //                 [--checkpoint-dir D] [--checkpoint-every S] [--max-memory BYTES] ...
+//                 [--metrics-listen 127.0.0.1:9464]
 //   recdev-server --stats 127.0.0.1:7070 [--token-file F] [--timeout S]
 //
 // Exit status: 0 after a clean shutdown (SIGTERM / SIGINT) or a --stats report; 1 when the server
@@ -11,11 +12,13 @@
 
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "net/client/connection.h"
 #include "net/server/server.h"
 #include "server/command_line.h"
+#include "server/metrics_http.h"
 #include "store/errors.h"
 
 namespace {
@@ -52,7 +55,10 @@ int main(int argc, char** argv) {
   try {
     if (!args.token_file.empty()) args.server.service.token = recdev::server::read_token(args.token_file);
     if (!args.stats_address.empty()) return print_stats(args);
-    recdev::net::run_server(args.server);
+    // Bound before the shard loads anything, so that a port in use is told at once.
+    std::optional<recdev::server::MetricsEndpoint> metrics;
+    if (!args.metrics_address.empty()) metrics.emplace(args.metrics_address);
+    recdev::net::run_server(args.server, metrics ? &*metrics : nullptr);
     return 0;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "recdev-server: %s\n", error.what());

@@ -27,7 +27,8 @@ def test_the_command_on_path_is_the_native_executable():
     result = subprocess.run([on_path_executable(), "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     for flag in ("--listen", "--shard", "--num-shards", "--token-file", "--checkpoint-dir", "--checkpoint-every",
-                 "--max-memory", "--lease-seconds", "--max-connections", "--idle-timeout", "--stats", "--timeout"):
+                 "--max-memory", "--lease-seconds", "--max-connections", "--idle-timeout", "--stats", "--timeout",
+                 "--metrics-listen"):
         assert flag in result.stdout
 
 

@@ -8,10 +8,11 @@ import struct
 import numpy as np
 
 MAGIC = b"RECDEVNP"
-VERSION = 11
+VERSION = 12
 HEADER = struct.Struct("<IBBHQ")
 MAX_PAYLOAD = 256 << 20
 FLAG_ERROR = 1
+LATENCY_BUCKETS = 27  # STATS' per-opcode histogram: bucket k <= 2^k microseconds, the last one the rest
 
 OP = {
     "HELLO": 1, "PING": 2, "STATS": 3, "CREATE_TABLE": 10, "OPEN_NAMED": 11, "FIND": 12, "FREE_TABLE": 13,
@@ -21,6 +22,7 @@ OP = {
     "RESTORE_POLICY": 35, "CHECK_POLICY": 36, "DUMP": 40, "BEGIN_LOAD": 41, "LOAD_ROWS": 42,
     "COMMIT_LOAD": 43, "ABORT_LOAD": 44, "STAGE_UPDATE": 50, "COMMIT_UPDATE": 51,
 }
+OPCODE_NAMES = {code: name for name, code in OP.items()}
 ERROR_NAMES = {1: "InvalidArgument", 2: "OutOfRange", 3: "NotFound", 4: "Corrupt", 5: "Io", 6: "Full",
                7: "Unavailable", 8: "PermissionDenied", 9: "Protocol"}
 INIT = {"zero": 0, "constant": 1, "normal": 2, "uniform": 3, "xavier": 4}
@@ -344,7 +346,15 @@ class Connection:
                                       admitted=r.u64(), pending=r.u64(), rows_on_disk=r.u64(), disk_bytes=r.u64(),
                                       disk_reads=r.u64(), disk_writes=r.u64(), policy=r.policy())
                          for _ in range(r.u32())]
-        out.update(serving_dir=r.string(), serving_version=r.u64(), serving_written_unix_ms=r.i64())
+        out.update(serving_dir=r.string(), serving_version=r.u64(), serving_written_unix_ms=r.i64(),
+                   staged_steps=r.u64(), staged_bytes=r.u64())
+        out["opcodes"] = {}
+        for _ in range(r.u32()):
+            name = OPCODE_NAMES[r.u8()]
+            entry = dict(errors=r.u64(), bytes_received=r.u64(), bytes_sent=r.u64(), rows=r.u64(),
+                         latency_ns=r.u64(), latency_buckets=r.array(np.uint64).tolist())
+            assert len(entry["latency_buckets"]) == LATENCY_BUCKETS
+            out["opcodes"][name] = dict(entry, requests=sum(entry["latency_buckets"]))
         r.end()
         return out
 

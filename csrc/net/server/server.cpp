@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -479,7 +480,7 @@ class Acceptor {
 
 }  // namespace
 
-void run_server(const ServerOptions& options) {
+void run_server(const ServerOptions& options, ServiceWatcher* watcher) {
   validate(options);
   ShardService service(options.service);
   // The flag only, not RECDEV_DISK_DIR: a shard's disk is what its command line says.
@@ -494,6 +495,10 @@ void run_server(const ServerOptions& options) {
   HostPort bound;
   Socket listener = listen_on(parse_host_port(options.listen), bound);
   StopSignals signals;
+  if (watcher != nullptr) watcher->start(service);
+  // Stopped on every way out, before the service it reads is gone (it may watch the final checkpoint).
+  const std::unique_ptr<ServiceWatcher, void (*)(ServiceWatcher*)> watching(
+      watcher, [](ServiceWatcher* stopping) { stopping->stop(); });
   std::printf("listening on %s\n", format_host_port(bound).c_str());
   std::fflush(stdout);
 

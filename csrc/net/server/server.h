@@ -24,9 +24,19 @@ struct ServerOptions {
   double idle_timeout = 300;  // seconds without a request after which a connection is closed
 };
 
+// What runs beside the protocol and reads the shard while it serves (recdev-server's metrics
+// endpoint, csrc/server/metrics_http.h): started once the shard holds its tables, just before it
+// accepts connections; stopped when it stops accepting them, before the service is gone.
+class ServiceWatcher {
+ public:
+  virtual ~ServiceWatcher() = default;
+  virtual void start(ShardService& service) = 0;
+  virtual void stop() = 0;
+};
+
 // Serves until SIGTERM or SIGINT; prints "listening on HOST:PORT" on stdout once it accepts
 // connections. Throws StoreError for a bad option, an address it cannot listen on, or a checkpoint
-// it cannot load; returns normally after a clean shutdown.
-void run_server(const ServerOptions& options);
+// it cannot load; returns normally after a clean shutdown. `watcher` (may be null) runs meanwhile.
+void run_server(const ServerOptions& options, ServiceWatcher* watcher = nullptr);
 
 }  // namespace recdev::net

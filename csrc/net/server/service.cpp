@@ -34,24 +34,31 @@ ShardService::ShardService(const ServiceOptions& options)
 // ---- Responses and errors ----
 
 Response ShardService::error_response(Opcode opcode, uint64_t request_id, ErrorCode code, const std::string& message) {
-  errors_.fetch_add(1, std::memory_order_relaxed);
   const std::string text = "shard " + std::to_string(options_.shard) + ": " + message;
   Response response{encode_frame(opcode, request_id, ErrorResponse{code, text}, kFlagError), false};
   response.close_after = code == ErrorCode::Protocol || code == ErrorCode::PermissionDenied;
   return response;
 }
 
-Response ShardService::refuse_frame(const BadFrame& error) {
-  requests_.fetch_add(1, std::memory_order_relaxed);
-  const Opcode opcode = opcode_name(error.opcode) != nullptr ? Opcode(error.opcode) : Opcode::Ping;
-  Response response = error_response(opcode, error.request_id, error.code(), error.what());
-  response.close_after = true;
+Response ShardService::counted(Opcode opcode, uint64_t bytes_received, Response response, uint64_t rows,
+                               Clock::time_point started) {
+  counters_.record(opcode, bytes_received, response.frame, rows, Clock::now() - started);
   return response;
 }
 
+Response ShardService::refuse_frame(const BadFrame& error) {
+  const Clock::time_point started = Clock::now();
+  const Opcode opcode = opcode_name(error.opcode) != nullptr ? Opcode(error.opcode) : Opcode::Ping;
+  Response response = error_response(opcode, error.request_id, error.code(), error.what());
+  response.close_after = true;
+  // Only the header was read: the length it announced is not to be believed.
+  return counted(opcode, kHeaderBytes, std::move(response), 0, started);
+}
+
 Response ShardService::refuse_request(const FrameHeader& header, const StoreError& error) {
-  requests_.fetch_add(1, std::memory_order_relaxed);
-  return error_response(header.opcode, header.request_id, error.code(), error.what());
+  const Clock::time_point started = Clock::now();
+  return counted(header.opcode, kHeaderBytes + header.payload_bytes,
+                 error_response(header.opcode, header.request_id, error.code(), error.what()), 0, started);
 }
 
 Response ShardService::flagged_request(const Frame& frame) {
@@ -62,7 +69,11 @@ Response ShardService::flagged_request(const Frame& frame) {
 }
 
 Response ShardService::handshake(const Frame& frame, std::shared_ptr<Session>& session) {
-  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point started = Clock::now();
+  return counted(frame.header.opcode, kHeaderBytes + frame.payload.size(), authenticate(frame, session), 0, started);
+}
+
+Response ShardService::authenticate(const Frame& frame, std::shared_ptr<Session>& session) {
   const Opcode opcode = frame.header.opcode;
   const uint64_t request_id = frame.header.request_id;
   try {
@@ -104,7 +115,13 @@ Response ShardService::handshake(const Frame& frame, std::shared_ptr<Session>& s
 }
 
 Response ShardService::handle(Session& session, const Frame& frame) {
-  requests_.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point started = Clock::now();
+  request_rows = 0;
+  Response response = answer(session, frame);
+  return counted(frame.header.opcode, kHeaderBytes + frame.payload.size(), std::move(response), request_rows, started);
+}
+
+Response ShardService::answer(Session& session, const Frame& frame) {
   sessions_.touch(session);
   const Opcode opcode = frame.header.opcode;
   const uint64_t request_id = frame.header.request_id;
@@ -402,14 +419,19 @@ ServerStats ShardService::stats() {
     } catch (const StoreError&) {}
   }
   stats.max_memory = options_.max_memory;
-  stats.requests = requests_.load();
-  stats.errors = errors_.load();
+  stats.opcodes = counters_.read();
+  for (const OpcodeCounters& counters : stats.opcodes) {
+    stats.requests += counters.requests();
+    stats.errors += counters.errors;
+  }
   stats.connections = connections_.load();
   stats.sessions = sessions_.size();
   stats.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
   stats.serving_dir = options_.serve_dir;
   stats.serving_version = serving_version_.load();
   stats.serving_written_unix_ms = serving_written_unix_ms_.load();
+  stats.staged_steps = staged_steps_.steps();
+  stats.staged_bytes = staged_steps_.bytes();
   return stats;
 }
 

@@ -17,6 +17,7 @@
 
 #include "net/wire/frame_io.h"
 #include "net/wire/protocol.h"
+#include "request_counters.h"
 #include "sessions.h"
 #include "staged_steps.h"
 #include "store/checkpoint_format.h"
@@ -136,6 +137,11 @@ class ShardService {
     TableEntry entry;
   };
 
+  // handshake's and handle's answers, before they are counted.
+  Response authenticate(const Frame& frame, std::shared_ptr<Session>& session);
+  Response answer(Session& session, const Frame& frame);
+  // Counts an answered request (RequestCounters) and hands its response on.
+  Response counted(Opcode opcode, uint64_t bytes_received, Response response, uint64_t rows, Clock::time_point started);
   std::vector<uint8_t> dispatch(Session& session, const Frame& frame);
   // The Protocol error for a request with flags set.
   Response flagged_request(const Frame& frame);
@@ -199,8 +205,7 @@ class ShardService {
   std::atomic<uint64_t> buffer_bytes_{0};
   mutable std::mutex reserve_mutex_;  // one admission at a time: the check and the hold are one step
   mutable std::atomic<uint64_t> reserved_bytes_{0};
-  std::atomic<uint64_t> requests_{0};
-  std::atomic<uint64_t> errors_{0};
+  RequestCounters counters_;
   std::atomic<uint64_t> connections_{0};
   const Clock::time_point started_ = Clock::now();
   // A serving shard's: held shared by every request, exclusively by serve_version's swap.

@@ -63,6 +63,11 @@ uint64_t StagedSteps::bytes() const {
   return bytes_;
 }
 
+size_t StagedSteps::steps() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return steps_.size();
+}
+
 void StagedSteps::stage(uint64_t table_id, const StepTag& tag, uint64_t rank_rows, double timeout_seconds,
                         std::vector<uint64_t>&& ids, std::vector<float>&& grads, const Check& check,
                         std::weak_ptr<const Session> stager) {

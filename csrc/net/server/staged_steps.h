@@ -69,6 +69,8 @@ class StagedSteps {
   void stop();
   // Bytes held by staged parts, counted in STATS and against --max-memory.
   uint64_t bytes() const;
+  // Steps held: collecting parts, or ready or applied and not yet committed by every rank (STATS).
+  size_t steps() const;
 
  private:
   enum class State { Collecting, Ready, Applying, Applied, Failed };

@@ -1,5 +1,7 @@
 #include "protocol.h"
 
+#include <algorithm>
+
 #include "store/mix64.h"
 
 namespace recdev::net {
@@ -378,6 +380,17 @@ void encode(Writer& out, const ServerStats& m) {
   out.put_string(m.serving_dir);
   out.put<uint64_t>(m.serving_version);
   out.put<int64_t>(m.serving_written_unix_ms);
+  out.put<uint64_t>(m.staged_steps);
+  out.put<uint64_t>(m.staged_bytes);
+  out.put<uint32_t>(wire_count(m.opcodes.size()));
+  for (const OpcodeCounters& counters : m.opcodes) {
+    out.put<uint8_t>(uint8_t(counters.opcode));
+    for (const uint64_t value :
+         {counters.errors, counters.bytes_received, counters.bytes_sent, counters.rows, counters.latency_ns}) {
+      out.put<uint64_t>(value);
+    }
+    out.put_array(counters.latency_buckets, kLatencyBuckets);
+  }
 }
 void decode(Reader& in, ServerStats& m) {
   m.shard = in.get<uint32_t>("shard");
@@ -412,6 +425,34 @@ void decode(Reader& in, ServerStats& m) {
   m.serving_dir = in.get_string("serving_dir", kMaxNameBytes);
   m.serving_version = in.get<uint64_t>("serving_version");
   m.serving_written_unix_ms = in.get<int64_t>("serving_written_unix_ms");
+  m.staged_steps = in.get<uint64_t>("staged_steps");
+  m.staged_bytes = in.get<uint64_t>("staged_bytes");
+  const uint32_t opcodes = in.get<uint32_t>("opcode count");
+  // One entry per opcode at most: bounded before anything is allocated.
+  if (opcodes > 256) Reader::fail("opcode count " + std::to_string(opcodes) + " past the 256 opcodes a byte names");
+  m.opcodes.resize(opcodes);
+  for (OpcodeCounters& counters : m.opcodes) {
+    const uint8_t opcode = in.get<uint8_t>("opcode");
+    if (opcode_name(opcode) == nullptr) Reader::fail("unknown opcode " + std::to_string(opcode) + " in STATS");
+    counters.opcode = Opcode(opcode);
+    counters.errors = in.get<uint64_t>("errors");
+    counters.bytes_received = in.get<uint64_t>("bytes_received");
+    counters.bytes_sent = in.get<uint64_t>("bytes_sent");
+    counters.rows = in.get<uint64_t>("rows");
+    counters.latency_ns = in.get<uint64_t>("latency_ns");
+    const std::vector<uint64_t> buckets = in.get_array<uint64_t>("latency_buckets");
+    if (buckets.size() != kLatencyBuckets) {
+      Reader::fail(std::to_string(buckets.size()) + " latency buckets; this version has " +
+                   std::to_string(kLatencyBuckets));
+    }
+    std::copy(buckets.begin(), buckets.end(), counters.latency_buckets);
+  }
+}
+
+uint64_t OpcodeCounters::requests() const {
+  uint64_t total = 0;
+  for (const uint64_t count : latency_buckets) total += count;
+  return total;
 }
 
 void encode(Writer& out, const TableRequest& m) { out.put<uint64_t>(m.table_id); }

@@ -40,7 +40,9 @@ constexpr char kMagic[8] = {'R', 'E', 'C', 'D', 'E', 'V', 'N', 'P'};
 // 9: CHECK_POLICY.
 // 10: TablePolicy carries spill (budget flag bit 2) and max_disk_bytes (bit 3, an i64 after
 // max_bytes); TableStats the disk tier's rows, bytes, reads and writes.
-constexpr uint16_t kProtocolVersion = 11;
+// 11: DUMP's chain, whole, erased and policy_state (incremental checkpoints).
+// 12: STATS carries the staged synchronous steps and the per-opcode request counters (OpcodeCounters).
+constexpr uint16_t kProtocolVersion = 12;
 constexpr size_t kHeaderBytes = 16;
 // Caps, checked before anything is allocated. A client splits larger batches into several requests.
 constexpr uint32_t kMaxPayloadBytes = uint32_t{256} << 20;
@@ -171,6 +173,24 @@ struct TableCounters {
   store::TablePolicyConfig policy;  // this shard's share of the budget
 };
 
+// The requests of one opcode a shard answered since it started (STATS, the metrics endpoint): how
+// long each took from its frame read to its answer built, in kLatencyBuckets buckets — bucket k counts
+// the requests that took at most latency_bucket_bound_us(k) microseconds and more than bucket k-1's
+// bound, the last one every request slower than 2^25 us (33.6 s) — and what they carried.
+constexpr size_t kLatencyBuckets = 27;
+constexpr uint64_t latency_bucket_bound_us(size_t bucket) { return uint64_t{1} << bucket; }  // k < kLatencyBuckets - 1
+
+struct OpcodeCounters {
+  Opcode opcode = Opcode::Ping;
+  uint64_t errors = 0;          // answered with an error frame
+  uint64_t bytes_received = 0;  // request frames, headers included
+  uint64_t bytes_sent = 0;      // response frames, headers included
+  uint64_t rows = 0;            // row ids the requests named, and rows DUMP answered
+  uint64_t latency_ns = 0;      // the requests' latencies added up
+  uint64_t latency_buckets[kLatencyBuckets] = {};
+  uint64_t requests() const;  // the buckets added up
+};
+
 struct ServerStats {
   uint32_t shard = 0;
   uint32_t num_shards = 1;
@@ -179,7 +199,7 @@ struct ServerStats {
   uint64_t rows = 0;         // materialized rows of every table
   uint64_t bytes = 0;        // memory held by every table, staged loads and dump snapshots
   uint64_t max_memory = 0;   // --max-memory, 0 = no limit
-  uint64_t requests = 0;     // requests answered since start
+  uint64_t requests = 0;     // requests answered since start (before this STATS): the opcodes' added up
   uint64_t errors = 0;       // of them, error responses
   uint64_t connections = 0;  // open now
   uint64_t sessions = 0;     // live now
@@ -190,6 +210,9 @@ struct ServerStats {
   std::string serving_dir;
   uint64_t serving_version = 0;
   int64_t serving_written_unix_ms = 0;
+  uint64_t staged_steps = 0;  // synchronous steps held (staged_steps.h), and the bytes of their parts
+  uint64_t staged_bytes = 0;
+  std::vector<OpcodeCounters> opcodes;  // every opcode answered at least once, by opcode
 };
 
 // Whether a request changes what a shard holds (a read-only serving shard refuses it).
