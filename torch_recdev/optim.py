@@ -110,7 +110,11 @@ class FusedOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Table weights never hold a gradient; nothing to clear."""
+        """Backward gives table weights no gradient (the store applies it); one set by hand is dropped
+        (DCP's ``get_state_dict`` sets zeros on every parameter to make an optimizer's state)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     def state_dict(self) -> dict:
         state = super().state_dict()
