@@ -101,17 +101,21 @@ class TableLoadPlanner(DefaultLoadPlanner):
     """DCP's ``DefaultLoadPlanner``, installing each recdev table of the state dict in place: a table
     on shards by rank 0, a replica by every rank."""
 
-    def create_local_plan(self):
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
         rank, _ = _rank_and_world()
+        tables = {key: value for key, value in self.state_dict.items() if _is_table(value)}
+        self._installs = {key: table for key, table in tables.items() if rank == 0 or not _on_shards(table)}
+        self._skips = set(tables) - set(self._installs)
+
+    def create_local_plan(self):
+        # Filtered here, not out of the state dict: DCP takes keys missing from it for an old checkpoint's.
         plan = super().create_local_plan()
-        self._tables = {key: value for key, value in self.state_dict.items()
-                        if _is_table(value) and (rank == 0 or not _on_shards(value))}
-        skipped = {key for key, value in self.state_dict.items() if _is_table(value)} - set(self._tables)
-        return dataclasses.replace(plan, items=[item for item in plan.items if item.dest_index.fqn not in skipped])
+        return dataclasses.replace(plan, items=[item for item in plan.items if item.dest_index.fqn not in self._skips])
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
         key = read_item.dest_index.fqn
-        table = self._tables.get(key)
+        table = self._installs.get(key)
         if table is None:
             return super().load_bytes(read_item, value)
         try:

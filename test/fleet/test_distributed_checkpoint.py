@@ -30,7 +30,7 @@ ROW_BYTES = {"users": 8 + 4 * (8 + 8), "items": 8 + 4 * (8 + 16)}  # Adagrad: a 
 def fleet(scenario, tmp, where, world, servers, prefix):
     out = tmp / f"{where}-{scenario}-{world}"
     out.mkdir()
-    return run_fleet(scenario, out, world=world, servers=servers, timeout=60, worker=dcp_worker.__file__,
+    return run_fleet(scenario, out, world=world, servers=servers, timeout=120, worker=dcp_worker.__file__,
                      env_all={"DCP_DIR": str(tmp / where), "DCP_PREFIX": prefix})
 
 
@@ -86,6 +86,9 @@ def test_each_table_is_written_once_by_its_rank_with_only_its_held_rows(runs, wh
         assert info.relative_path.startswith(f"__{writer}_"), info
         # The store's serialization: the rows' bytes and a header, never the table's 10**5 or 10**6 rows.
         assert held[name] * ROW_BYTES[name] <= info.length <= held[name] * ROW_BYTES[name] + 8192, (name, info.length)
+    # And nothing else of size: no rank wrote a table twice or any other way (the head is 68 bytes).
+    tables = sum(info.length for index, info in storage.items() if index.fqn in TABLES.values())
+    assert tables <= sum(f.stat().st_size for f in runs[where]["dir"].glob("*.distcp")) <= tables + 8192
 
 
 def test_a_damaged_table_is_named_in_dcps_error_and_nothing_of_it_is_installed(runs, tmp_path, monkeypatch):
