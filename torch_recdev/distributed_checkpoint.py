@@ -82,6 +82,8 @@ class TableSavePlanner(DefaultSavePlanner):
     def create_local_plan(self):
         rank, world = _rank_and_world()
         plan = super().create_local_plan()
+        # Only the writer plans a table's item: a key every rank planned would be written by whichever
+        # rank DCP's deduplication picks (by the planned bytes, which for a BYTE_IO item it does not know).
         mine = [item for item in plan.items
                 if not isinstance(rows := self.state_dict.get(item.index.fqn), _HeldRows)
                 or writer_rank(item.index.fqn, rows.table, world) == rank]

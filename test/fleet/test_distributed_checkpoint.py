@@ -30,7 +30,7 @@ ROW_BYTES = {"users": 8 + 4 * (8 + 8), "items": 8 + 4 * (8 + 16)}  # Adagrad: a 
 def fleet(scenario, tmp, where, world, servers, prefix):
     out = tmp / f"{where}-{scenario}-{world}"
     out.mkdir()
-    return run_fleet(scenario, out, world=world, servers=servers, timeout=120, worker=dcp_worker.__file__,
+    return run_fleet(scenario, out, world=world, servers=servers, timeout=180, worker=dcp_worker.__file__,
                      env_all={"DCP_DIR": str(tmp / where), "DCP_PREFIX": prefix})
 
 
