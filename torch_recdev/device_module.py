@@ -122,7 +122,7 @@ def current_stream(device=None) -> Stream:
 
 
 def default_stream(device=None) -> Stream:
-    current = current_stream(device)
+    current = current_stream(device)  # for torch's number of the device type
     return Stream(stream_id=0, device_index=0, device_type=current.device_type)
 
 
