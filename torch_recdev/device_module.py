@@ -1,8 +1,14 @@
 """``torch.recdev``: the device module, mirroring ``torch.cuda``'s basics.
 
 recdev has one device, ``recdev:0``, and runs synchronously: a kernel's work
-is done when it returns.
+is done when it returns. Its streams and events (``Stream``, ``Event``,
+``current_stream``, ``stream``) are real handles over one timeline, where the
+only work left after a call returns is the async store operations
+(``ops.emb_prefetch``, ``emb_write_async``): an event completes with the ones
+issued before it, and synchronizing waits for them (csrc/device/guard.cpp).
 """
+
+from __future__ import annotations
 
 import torch
 
@@ -50,6 +56,9 @@ def set_device(device) -> None:
         raise ValueError(f"recdev has one device, recdev:0; got index {index}")
 
 
+_check_device = set_device  # with one device, setting it only checks it
+
+
 class device:
     """Context manager that makes a recdev device current, as torch.cuda.device.
 
@@ -68,8 +77,83 @@ class device:
 
 
 def synchronize(device=None) -> None:
-    """Waits for all work on the device; recdev kernels complete synchronously."""
+    """Waits for all work on the device: the async store operations issued so far (kernels complete
+    before they return)."""
     set_device(0 if device is None else device)
+    _C._wait_for_async_ops()
+
+
+class Stream(torch.Stream):
+    """A recdev stream, as ``torch.cuda.Stream``: ``Stream()`` is a new one (``priority`` is accepted
+    and has no effect); ``query``, ``synchronize``, ``wait_event``, ``wait_stream``, ``record_event``
+    and ``with stream:`` are torch.Stream's. Every stream is ordered after everything issued before
+    it, so waiting on one waits for the async store operations issued before."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:  # an existing stream: stream_id, device_index, device_type
+            return super().__new__(cls, priority=priority, **kwargs)
+        _check_device(0 if device is None else device)
+        return super().__new__(cls, torch.device("recdev", 0), priority=priority)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+
+class Event(torch.Event):
+    """A recdev event, as ``torch.cuda.Event``: ``record``, ``wait``, ``query``, ``synchronize``. It
+    completes with the async store operations issued before it was recorded. ``elapsed_time`` is not
+    supported (recdev keeps no device clock)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, torch.device("recdev", 0), enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+
+def _as_recdev_stream(stream: torch.Stream) -> Stream:
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type)
+
+
+def current_stream(device=None) -> Stream:
+    """This thread's current stream (the default stream until ``set_stream`` or ``stream``)."""
+    _check_device(0 if device is None else device)
+    return _as_recdev_stream(torch.accelerator.current_stream(torch.device("recdev", 0)))
+
+
+def default_stream(device=None) -> Stream:
+    current = current_stream(device)  # for torch's number of the device type
+    return Stream(stream_id=0, device_index=0, device_type=current.device_type)
+
+
+def set_stream(stream: torch.Stream | None) -> None:
+    """Makes ``stream`` this thread's current stream (no-op for None)."""
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """``with torch.recdev.stream(s):`` makes ``s`` current inside and restores the previous stream
+    after (as ``torch.cuda.StreamContext``; None changes nothing)."""
+
+    def __init__(self, stream: torch.Stream | None):
+        self.stream = stream
+        self.previous = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.previous = current_stream()
+            set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc_info):
+        if self.stream is not None:
+            set_stream(self.previous)
+        return False
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    return StreamContext(stream)
 
 
 def empty_cache() -> None:

@@ -29,6 +29,7 @@ wait for the other ranks; a rank that does not arrive is named in the error.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 import torch
@@ -49,6 +50,31 @@ class _TableGroup(dict):
         if key == "lr" and "params" in self:
             for p in self["params"]:
                 _C._set_table_lr(p, float(value))
+
+
+class _TableState(Mapping):
+    """A fused optimizer's state of one table, ``{"step": n}``, read from the store, where it lives
+    (with the per-row state, in the table's records). Never empty: DCP's ``get_state_dict`` /
+    ``set_state_dict`` take an optimizer with no state for one never stepped and step it once with
+    zero gradients and ``lr`` 0 — which, pushed to a table the whole fleet shares, would stop every
+    rank's updates meanwhile."""
+
+    def __init__(self, table: torch.Tensor):
+        self._table = table
+
+    def __getitem__(self, key):
+        if key != "step":
+            raise KeyError(key)
+        return _C._table_optimizer_step(self._table)
+
+    def __iter__(self):
+        return iter(("step",))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -85,6 +111,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 self._attach(p, group)
         self.param_groups = [_TableGroup(g) for g in self.param_groups]
+        self._state_in_the_store()
         self._sync = None
         if sync:
             self._sync = SyncTables([p for g in self.param_groups for p in g["params"]], sync_timeout)
@@ -112,10 +139,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Table weights never hold a gradient; nothing to clear."""
 
+    def _state_in_the_store(self) -> None:
+        self.state.clear()
+        self.state.update({p: _TableState(p) for g in self.param_groups for p in g["params"]})
+
     def state_dict(self) -> dict:
         state = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]
-        state["state"] = {i: {"step": _C._table_optimizer_step(p)} for i, p in enumerate(params)}
+        state["state"] = {i: dict(self.state[p]) for i, p in enumerate(params)}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -129,7 +160,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             step = state_dict["state"].get(i, {}).get("step")
             if step is not None:
                 _C._set_table_optimizer_step(p, int(step))
-        self.state.clear()
+        self._state_in_the_store()
 
 
 def _rounding_defaults(stochastic_rounding: bool) -> dict:

@@ -1,9 +1,16 @@
-// The device guard: recdev has a single device and executes synchronously, so
-// streams and events are trivial. It still has to exist, because
-// DeviceGuard, torch.device contexts and autograd's engine ask for it.
+// The device guard: recdev has a single device. Its streams are real handles (each thread has a
+// current stream; new streams get their own ids) over one timeline, since every kernel completes
+// before it returns and the only later work is the async-op thread's (async_ops.h): any stream's
+// work is ordered before anything issued after it, so waiting on a stream, an event or the device
+// means waiting for the async store operations issued before. DeviceGuard, torch.Stream /
+// torch.Event, torch.accelerator and autograd's engine call it; torch.recdev wraps it.
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+
+#include <atomic>
+
+#include "async_ops.h"
 
 namespace recdev::device {
 
@@ -15,6 +22,19 @@ void check_device(c10::Device d) {
   TORCH_CHECK(d.type() == kType && (d.index() == 0 || d.index() == -1), "recdev has one device, recdev:0; got ", d);
 }
 
+c10::Stream stream_of_id(c10::StreamId id) { return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, 0), id); }
+
+// Id 0 is the default stream; new streams count up from 1 (they own nothing, so ids are never reused).
+std::atomic<c10::StreamId> last_stream_id{0};
+thread_local c10::StreamId current_stream_id = 0;
+
+// An event is the last async operation issued when it was recorded (0: none, or never recorded).
+struct Event {
+  uint64_t ticket = 0;
+};
+
+uint64_t ticket_of(void* event) { return event == nullptr ? 0 : static_cast<Event*>(event)->ticket; }
+
 struct RecdevGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kType; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -25,19 +45,41 @@ struct RecdevGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device d) const override { check_device(d); }
   void uncheckedSetDevice(c10::Device) const noexcept override {}
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0));
+    check_device(d);
+    return stream_of_id(current_stream_id);
   }
-  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    check_device(d);
+    return stream_of_id(0);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    check_device(d);
+    return stream_of_id(++last_stream_id);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    check_device(s.device());
+    const c10::Stream previous = stream_of_id(current_stream_id);
+    current_stream_id = s.id();
+    return previous;
+  }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  // Work is complete when a kernel returns; events record nothing.
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
-  bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    check_device(stream.device());
+    if (*event == nullptr) {
+      *event = new Event();
+    }
+    static_cast<Event*>(*event)->ticket = last_async_op();
+  }
+  // Work issued on the stream after this call runs either on the calling thread (after this wait)
+  // or on the async-op thread (after the event's operations, in issue order).
+  void block(void* event, const c10::Stream&) const override { wait_for_async_ops(ticket_of(event)); }
+  bool queryEvent(void* event) const override { return async_ops_done_through(ticket_of(event)); }
+  void synchronizeEvent(void* event) const override { wait_for_async_ops(ticket_of(event)); }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<Event*>(event); }
+  bool queryStream(const c10::Stream&) const override { return async_ops_done_through(last_async_op()); }
+  void synchronizeStream(const c10::Stream&) const override { wait_for_async_ops(last_async_op()); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { wait_for_async_ops(last_async_op()); }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "device/host_block_cache.h"
 #include "device/placement.h"
 #include "device/table_storage.h"
+#include "python/async_ops_binding.h"
 #include "python/optimizer_binding.h"
 #include "python/server_binding.h"
 #include "python/store_errors.h"
@@ -20,7 +21,6 @@
 #include "store/memory_accounting.h"
 #include "store/table_handle.h"
 
-#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/Generator.h>
 #include <torch/extension.h>
 
@@ -92,13 +92,6 @@ py::dict table_stats(const at::Tensor& t) {
 
 }  // namespace recdev::python
 
-// Bound through a type of this module's own: at::ThreadLocalState is exported, pybind11's bases are not.
-namespace {
-struct CallerState {
-  at::ThreadLocalState state;
-};
-}  // namespace
-
 PYBIND11_MODULE(_C, m) {
   namespace device = recdev::device;
   namespace python = recdev::python;
@@ -133,13 +126,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_memory_cached", [] { return device::cached_host_bytes() + recdev::store::cached_chunk_region_bytes(); });
   m.def("_table_stats", &python::table_stats);
-  // The calling thread's state (a profiler recording it, grad mode, autocast), for the async-op
-  // thread to run each operation in, as autograd's engine runs a backward in its caller's.
-  py::class_<CallerState>(m, "_ThreadLocalState").def(py::init<>());
-  m.def("_call_in_thread_local_state", [](const CallerState& caller, const py::function& call) {
-    const at::ThreadLocalStateGuard guard(caller.state);
-    return call();
-  });
+  python::bind_async_ops(m);
   m.def("_set_disk_dir", &recdev::store::set_disk_dir, py::arg("path"));
   m.def("_disk_dir", &recdev::store::disk_dir);
   m.def("_store_kernel_capability", &recdev::store::store_kernel_capability);

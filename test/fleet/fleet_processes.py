@@ -1,5 +1,5 @@
-"""Runs test/fleet/fleet_worker.py as N real trainer processes with torchrun's environment on
-127.0.0.1, bounded in time; what each rank saw comes back as a dict."""
+"""Runs a worker script (test/fleet/fleet_worker.py unless told) as N real trainer processes with
+torchrun's environment on 127.0.0.1, bounded in time; what each rank saw comes back as a dict."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def free_port() -> int:
 
 
 def run_fleet(scenario: str, out_dir, world: int = 2, servers: str | None = None, env_all: dict | None = None,
-              timeout: float = 120) -> list[dict]:
-    """Each rank runs `scenario` (worker functions, comma-separated); RECDEV_SERVERS on rank 0 only."""
+              timeout: float = 120, worker: str = WORKER) -> list[dict]:
+    """Each rank runs `scenario` (worker functions, comma-separated) of `worker`, which writes what it
+    saw to OUT_DIR/rank<r>.pt; RECDEV_SERVERS on rank 0 only."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -30,7 +31,7 @@ def run_fleet(scenario: str, out_dir, world: int = 2, servers: str | None = None
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env_all or {}))
         if servers and rank == 0:
             env["RECDEV_SERVERS"] = servers
-        procs.append(subprocess.Popen([sys.executable, WORKER, scenario, str(out_dir)], env=env,
+        procs.append(subprocess.Popen([sys.executable, worker, scenario, str(out_dir)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = []
     try:
