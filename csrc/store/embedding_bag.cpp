@@ -32,10 +32,14 @@ namespace {
 // Half rows are widened as they are loaded, in registers: widening a row into a buffer and summing
 // the buffer took as long as reading the rows from memory (float16 pooled no faster than float32).
 // Widening is exact, so the sums are those of the widened rows whichever way.
+//
+// As a summer reads the first vector of each cache line of a row, it prefetches the same line of the
+// run's row ahead: one prefetch between loads instead of a burst of a row's lines, which stalled
+// every load behind it once the core's outstanding misses ran out (perf: 90% of pooling's time on
+// its prefetches; this way float32 bags of 4 and 32 pooled 1.17x and 1.27x as fast, in cache).
 struct RowSummer {
-  void (*sum)(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero);
-  void (*sum_scaled)(float* out, const void* const* rows, const float* weights, size_t count, uint32_t dim,
-                     bool from_zero);
+  void (*sum)(float* out, const RowRun& rows, size_t count, uint32_t dim, bool from_zero);
+  void (*sum_scaled)(float* out, const RowRun& rows, const float* weights, size_t count, uint32_t dim, bool from_zero);
 };
 
 inline float scaled(float weight, float value) {
@@ -48,6 +52,7 @@ inline float scaled(float weight, float value) {
 // Vectors are GCC vectors of floats, so the widening compiles for the target function it is inlined
 // into (vcvtph2ps with F16C).
 struct FloatElements {
+  static constexpr size_t kBytes = sizeof(float);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
     std::memcpy(&to, static_cast<const float*>(row) + e, sizeof(Vector));
@@ -59,6 +64,7 @@ struct FloatElements {
 // _Float16 vectors, and an intrinsic cannot be inlined into a template compiled without the target
 // (the summers that instantiate this one all have F16C).
 struct Float16Elements {
+  static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
     struct Halves {
@@ -76,6 +82,7 @@ struct Float16Elements {
 };
 
 struct BFloat16Elements {
+  static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
     constexpr size_t kLanes = sizeof(Vector) / sizeof(float);
@@ -93,9 +100,10 @@ struct BFloat16Elements {
 // the stack). Vector is a GCC vector of floats, compiled for the instruction set of the target
 // function this is inlined into.
 template <class Vector, class Elements, size_t kRegisters, bool kScaled>
-__attribute__((always_inline)) inline void sum_columns(float* out, const void* const* rows, const float* weights,
+__attribute__((always_inline)) inline void sum_columns(float* out, const RowRun& rows, const float* weights,
                                                        size_t count, uint32_t d, bool from_zero) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
+  constexpr size_t kVectorBytes = kWidth * Elements::kBytes;
   Vector sums[kRegisters];
 #pragma GCC unroll 16
   for (size_t r = 0; r < kRegisters; ++r) {
@@ -106,10 +114,14 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const void* c
     }
   }
   for (size_t k = 0; k < count; ++k) {
+    const bool prefetches = k < rows.ahead_count;
 #pragma GCC unroll 16
     for (size_t r = 0; r < kRegisters; ++r) {
       Vector add;
-      Elements::load(add, rows[k], d + r * kWidth);
+      Elements::load(add, rows.rows[k], d + r * kWidth);
+      if ((r * kVectorBytes) % kCacheLineBytes == 0 && prefetches) {
+        prefetch(reinterpret_cast<const std::byte*>(rows.ahead[k]) + (d + r * kWidth) * Elements::kBytes);
+      }
       if constexpr (kScaled) {
         add *= weights[k];
         asm("" : "+v"(add));
@@ -124,7 +136,7 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const void* c
 // One body for every vector width: blocks of 8 vectors of columns, then of 4, 2 and 1 (a row of 64
 // floats is 4 AVX-512 vectors, not 64 single floats), then the last columns one at a time.
 template <class Vector, class Elements, bool kScaled>
-__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const void* const* rows, const float* weights,
+__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const RowRun& rows, const float* weights,
                                                             size_t count, uint32_t dim, bool from_zero) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   uint32_t d = 0;
@@ -145,8 +157,12 @@ __attribute__((always_inline)) inline void sum_rows_vectors(float* out, const vo
   }
   for (; d < dim; ++d) {
     float sum = from_zero ? 0.0f : out[d];
+    const bool line_starts = d * Elements::kBytes % kCacheLineBytes == 0;
     for (size_t k = 0; k < count; ++k) {
-      const float value = Elements::one(rows[k], d);
+      if (line_starts && k < rows.ahead_count) {
+        prefetch(reinterpret_cast<const std::byte*>(rows.ahead[k]) + d * Elements::kBytes);
+      }
+      const float value = Elements::one(rows.rows[k], d);
       sum += kScaled ? scaled(weights[k], value) : value;
     }
     out[d] = sum;
@@ -154,14 +170,14 @@ __attribute__((always_inline)) inline void sum_rows_vectors(float* out, const vo
 }
 
 // A summer's two entry points for one vector width and element type, each compiled for `target`.
-#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                              \
-  target void name##_sum(float* out, const void* const* rows, size_t count, uint32_t dim, bool from_zero) {            \
-    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                              \
-  }                                                                                                                    \
-  target void name##_sum_scaled(float* out, const void* const* rows, const float* weights, size_t count, uint32_t dim, \
-                                bool from_zero) {                                                                      \
-    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                               \
-  }                                                                                                                    \
+#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                         \
+  target void name##_sum(float* out, const RowRun& rows, size_t count, uint32_t dim, bool from_zero) {            \
+    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                         \
+  }                                                                                                               \
+  target void name##_sum_scaled(float* out, const RowRun& rows, const float* weights, size_t count, uint32_t dim, \
+                                bool from_zero) {                                                                 \
+    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                          \
+  }                                                                                                               \
   constexpr RowSummer name{&name##_sum, &name##_sum_scaled};
 
 // 16-byte vectors: the baseline x86-64 build's own width. Without F16C a float16 element widens in
@@ -213,7 +229,7 @@ struct FloatRows {
   uint32_t dim;
   float* widened;
 
-  const void* take(const float* row, size_t slot) const {
+  const float* take(const float* row, size_t slot) const {
     if (widened == nullptr) return row;
     float* wide = widened + slot * dim;
     widen_to_float(type, row, wide, dim);
@@ -223,24 +239,27 @@ struct FloatRows {
 
 // Sums every non-skipped row of a bag into out (which it overwrites), scaled by its per-sample
 // weight when there is one, and returns how many rows it took: each row as `as_summed` takes it.
+// Rows the summer reads where they are go to it as runs, so that it prefetches the rows ahead.
 size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const RowSummer& summer,
                const FloatRows& as_summed, float* out) {
   const uint32_t dim = as_summed.dim;
-  const void* group[kGroup];
+  const bool widens = as_summed.widened != nullptr;
+  const float* group[kGroup];
   float weights[kGroup];
   size_t grouped = 0;
   size_t count = 0;
   const auto flush = [&] {
+    const RowRun run = widens ? RowRun{group, nullptr, 0} : rows.take(grouped);
     if (bag.per_sample_weights != nullptr) {
-      summer.sum_scaled(out, group, weights, grouped, dim, count == grouped);
+      summer.sum_scaled(out, run, weights, grouped, dim, count == grouped);
     } else {
-      summer.sum(out, group, grouped, dim, count == grouped);
+      summer.sum(out, run, grouped, dim, count == grouped);
     }
     grouped = 0;
   };
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    group[grouped] = as_summed.take(rows.next(), grouped);
+    if (widens) group[grouped] = as_summed.take(rows.next(), grouped);
     if (bag.per_sample_weights != nullptr) weights[grouped] = bag.per_sample_weights[position];
     ++grouped;
     ++count;
@@ -260,7 +279,7 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& row
   bool first = true;
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
-    const auto* row = static_cast<const float*>(as_float.take(rows.next(), 0));
+    const float* row = as_float.take(rows.next(), 0);
     for (uint32_t d = 0; d < dim; ++d) {
       const bool take =
           ignore_nan ? !std::isnan(row[d]) && (max_positions[d] < 0 || row[d] > out[d]) : first || row[d] > out[d];
