@@ -12,6 +12,7 @@ build's process and prints its median; the workloads are defined below, the same
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -53,6 +54,17 @@ def pooled_lookup():
     bag, ids = _table_embedding(torch.nn.EmbeddingBag, mode="sum")
     offsets = torch.arange(0, BATCH, BAG).to("recdev")
     return _timed(lambda: bag(ids, offsets), 30)
+
+
+def pooled_lookup_whole_table(bag_size, dtype):
+    """bench_embedding's pooled rows: every row of the table materialized (1M rows spread over 512 MiB
+    in float32), not only the batch's."""
+    with torch_recdev.placement("table"):
+        table = torch.empty(ROWS, DIM, dtype=dtype, device="recdev")
+    table.copy_(torch.randn(ROWS, DIM).to(dtype))
+    ids = torch.randint(0, ROWS, (BATCH,))
+    offsets = torch.arange(0, BATCH, bag_size)
+    return _timed(lambda: torch.nn.functional.embedding_bag(ids, table, offsets, mode="sum"), 30)
 
 
 def training_step():
@@ -114,6 +126,8 @@ WORKLOADS = {
     "store_checkpoint": store_checkpoint,
     "lookup": lookup,
     "pooled_lookup": pooled_lookup,
+    **{f"pooled_whole_table_{str(dtype)[6:]}_bag{size}": functools.partial(pooled_lookup_whole_table, size, dtype)
+       for dtype in (torch.float32, torch.float16) for size in (1, 4, 32)},
     "training_step": training_step,
     "save": save,
     "load": load,
