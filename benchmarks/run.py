@@ -23,6 +23,7 @@ import bench_fallback  # noqa: E402
 import bench_fbgemm  # noqa: E402
 import bench_first_touch  # noqa: E402
 import bench_online  # noqa: E402
+import bench_pooling  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_remote  # noqa: E402
 import bench_scaling  # noqa: E402
@@ -33,6 +34,7 @@ import harness  # noqa: E402
 SUITES = [
     ("Fallback on host storage vs CPU (issue: device foundation)", bench_fallback.run),
     ("Embedding lookups on a table (issue: store engine and table storage)", bench_embedding.run),
+    ("Pooled lookups against a dense nn.EmbeddingBag (suite pooling, issue 38)", bench_pooling.run),
     ("Training step on a table (issue: training on tables)", bench_training.run),
     ("Saving and loading a lazy table (issue: torch.compile and state_dict)", bench_serialization.run),
     ("recdev vs fbgemm's CPU table-batched embedding (optional peer of the two issues above)", bench_fbgemm.run),

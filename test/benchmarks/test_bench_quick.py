@@ -31,7 +31,9 @@ def test_quick_benchmark_run_writes_table_and_plot(quick_run):
     for workload in ("add, 1M float32", "F.embedding, 65,536 ids", "embedding_bag sum", "training step",
                      "torch.save, 10^9-row table", "remote gather, 65,536 ids", "pooled on the shards",
                      "raw loopback TCP stream", "throughput against table size", "against server shards",
-                     "fbgemm", "first touch, 100,000 new ids", "a drifting stream", "demo, one pass over"):
+                     "fbgemm", "first touch, 100,000 new ids",
+                     "embedding_bag sum float16, bags of 32, per_sample_weights", "a drifting stream",
+                     "demo, one pass over"):
         assert workload in table
     # The host, so that ratios from hosts with other caches or instructions are never read as one.
     (host,) = [line for line in table.splitlines() if line.startswith("Host: ")]
