@@ -175,38 +175,6 @@ void embedding_bag_of_gathered_rows(const c10::OperatorHandle& op, torch::jit::S
                    device::adopt_result(bag_size.contiguous()), device::adopt_result(max_indices.contiguous()));
 }
 
-// Float32 sums a half table's pooled gather rounds at a time (embedding_bag).
-constexpr int64_t kHalfSumsPerRound = 32768;
-
-// A half table's pooled bags, summed in float32, rounded once into `out` (num_bags rows of dim
-// elements of `type`) as CPU's kernel rounds them: to nearest even, but bfloat16 sums with ties away
-// from zero where CPU pools with fbgemm (ties_away: no padding_idx; with one, CPU takes its own loop).
-// With bag sizes (mean), each rounded sum is then divided by its bag's size (at least 1) in the half
-// type, as CPU's apply_bag_size does after its float32-accumulated sum: size and sum rounded to the
-// type, divided in float32, rounded again (to nearest even).
-void round_pooled_bags(store::ElementType type, float* sums, int64_t num_bags, int64_t dim, const int64_t* bag_sizes,
-                       bool ties_away, std::byte* out) {
-  const size_t count = static_cast<size_t>(num_bags * dim);
-  if (type == store::ElementType::BFloat16 && ties_away) {
-    store::round_through_bfloat16_ties_away(sums, count);  // then exact, unless divided below
-  } else if (bag_sizes == nullptr) {
-    store::narrow_from_float(type, sums, out, count);
-    return;
-  } else {
-    store::round_through(type, sums, count);
-  }
-  if (bag_sizes == nullptr) {
-    store::narrow_from_float(type, sums, out, count);
-    return;
-  }
-  for (int64_t b = 0; b < num_bags; ++b) {
-    float divisor = static_cast<float>(std::max<int64_t>(bag_sizes[b], 1));
-    store::round_through(type, &divisor, 1);
-    for (float* value = sums + b * dim; value != sums + (b + 1) * dim; ++value) *value /= divisor;
-  }
-  store::narrow_from_float(type, sums, out, count);
-}
-
 // per_sample_weights (an optional argument) as float32 on the CPU, checked as CPU's kernel checks it;
 // undefined without.
 at::Tensor per_sample_weights_for_store(const c10::IValue& argument, const at::Tensor& weight, int64_t mode,
@@ -250,18 +218,6 @@ at::Tensor max_indices_of(int64_t mode, int64_t num_bags, int64_t dim, const at:
   return max_indices;
 }
 
-// Where a half table's pooled bags are summed in float32 before rounding: kept per thread up to a
-// bound, as fresh memory per call would be fresh pages, zeroed by the kernel, every call. A whole batch
-// (one request: a remote table, a table with a policy) may need more; that buffer is the call's own
-// (`own`), so that a thread does not keep its largest batch forever.
-float* half_sums_buffer(size_t floats, std::vector<float>& own) {
-  constexpr size_t kKeptPooledFloats = size_t{1} << 18;  // 1 MiB
-  thread_local std::vector<float> kept;
-  std::vector<float>& sums = floats <= kKeptPooledFloats ? kept : own;
-  if (sums.size() < floats) sums.resize(floats);
-  return sums.data();
-}
-
 // offset2bag for bag b's ids [begin, end), and the bag's size (its ids that are not padding).
 int64_t assign_bag(int64_t b, int64_t begin, int64_t end, const RowIds& rows, int64_t padding_row, int64_t* bag_of) {
   int64_t count = 0;
@@ -273,13 +229,12 @@ int64_t assign_bag(int64_t b, int64_t begin, int64_t end, const RowIds& rows, in
 }
 
 // _embedding_bag on a table the store pools: ids validated as CPU validates them, the bags split over
-// threads unless the table wants a batch whole (RowPathTraits), each task's bags pooled by the store;
-// half tables' sums rounded into the output as CPU's kernel rounds them.
+// threads unless the table wants a batch whole (RowPathTraits), each task's bags pooled by the store
+// into the output, a half table's rounded as CPU's kernel rounds them (store::PooledOutput).
 void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* stack, uint64_t first_row) {
   const size_t n = op.schema().arguments().size();
   auto args = torch::jit::last(*stack, n);
   const at::Tensor& weight = arg(args, 0);
-  const bool half = weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16;
   const at::Tensor& indices = arg(args, 1);
   TORCH_CHECK(indices.dim() == 1, "input has to be 1D or 2D Tensor, but got Tensor of dimension ", indices.dim());
   const int64_t mode = args[4].toInt();
@@ -298,10 +253,7 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
   };
   const at::Tensor weights = per_sample_weights_for_store(args[6], weight, mode, rows.size());
   const int64_t dim = weight.size(1);
-  // Half tables: each task pools its bags in float32 into a buffer of its own and rounds them into
-  // the output while they are in cache, instead of a float32 output the size of the batch and a
-  // second pass over it.
-  at::Tensor out = empty_host({num_bags, dim}, half ? weight.scalar_type() : at::kFloat);
+  at::Tensor out = empty_host({num_bags, dim}, weight.scalar_type());
   // The auxiliary outputs CPU's kernel gives, for the backward pass: each id's bag, and each bag's
   // count of ids that are not padding.
   at::Tensor offset2bag = empty_host({static_cast<int64_t>(rows.size())}, at::kLong);
@@ -330,34 +282,22 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
       local[b - begin] = offsets[b] - base;
     }
     local.back() = bag_end(end - 1) - base;
-    std::vector<float> own;
-    float* pooled_data = half ? half_sums_buffer(static_cast<size_t>((end - begin) * dim), own)
-                              : static_cast<float*>(out_data) + begin * dim;
+    // bfloat16 sums round with ties away from zero where CPU pools with fbgemm: without padding_idx.
+    const store::PooledOutput pooled(static_cast<std::byte*>(out_data) + begin * dim * out.element_size(), out_type,
+                                     /*bfloat16_ties_away=*/padding_idx < 0);
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
-        static_cast<store::PoolingMode>(half && mode == 1 ? 0 : mode), weight_data ? weight_data + base : nullptr,
-        /*include_last_offset=*/true, padding_row, pooled_data, positions ? positions + begin * dim : nullptr);
+        static_cast<store::PoolingMode>(mode), weight_data ? weight_data + base : nullptr,
+        /*include_last_offset=*/true, padding_row, pooled, positions ? positions + begin * dim : nullptr);
     if (positions != nullptr) {
       for (int64_t* p = positions + begin * dim; p != positions + end * dim; ++p) {
         *p = *p < 0 ? *p : *p + base;
       }
     }
     for (int64_t b = begin; b < end; ++b) size_of[b] = assign_bag(b, offsets[b], bag_end(b), rows, padding_row, bag_of);
-    if (half) {
-      round_pooled_bags(out_type, pooled_data, end - begin, dim, mode == 1 ? size_of + begin : nullptr,
-                        /*ties_away=*/padding_idx < 0,
-                        static_cast<std::byte*>(out_data) + begin * dim * out.element_size());
-    }
   };
-  // Bags split over threads. A half table's task pools a round of bags at a time, so that their
-  // float32 sums (128 KiB) are still in cache when they are rounded into the output: rounding a
-  // whole task's sums afterwards measured 11% of a float16 pooled gather.
-  const int64_t round_bags = half && !one_request ? std::max<int64_t>(1, kHalfSumsPerRound / dim) : num_bags;
   const trace::Range range = device::pooled_gather_range(table, rows.size(), static_cast<size_t>(num_bags));
-  device::parallel_for_profiled(0, num_bags, bags_per_task, [&](int64_t begin, int64_t end) {
-    for (int64_t first = begin; first < end; first += round_bags)
-      pool_bag_range(first, std::min(end, first + round_bags));
-  });
+  device::parallel_for_profiled(0, num_bags, bags_per_task, pool_bag_range);
 
   at::Tensor max_indices = max_indices_of(mode, num_bags, dim, arg(args, 2), indices, max_positions, rows.size());
   torch::jit::drop(*stack, n);

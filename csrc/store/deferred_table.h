@@ -48,8 +48,8 @@ class DeferredTable final : public TableHandle {
   void gather(const uint64_t* ids, size_t n, float* out) override { table_->gather(ids, n, out); }
   void peek(const uint64_t* ids, size_t n, float* out) const override { table_->peek(ids, n, out); }
   void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
-                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, float* out,
-                     int64_t* max_positions) override {
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
+                     const PooledOutput& out, int64_t* max_positions) override {
     table_->gather_pooled(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
                           out, max_positions);
   }

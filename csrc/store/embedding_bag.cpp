@@ -18,12 +18,13 @@ namespace {
 }
 
 // The row additions of Sum and Mean bags, the bulk of embedding_bag's compute. Each adds `count`
-// rows into out, element by element in row order — out[d] + rows[0][d] + rows[1][d] + ..., or with
-// per-sample weights out[d] + weights[0] * rows[0][d] + ..., each product rounded before its
+// rows onto `from`, element by element in row order — from[d] + rows[0][d] + rows[1][d] + ..., or
+// with per-sample weights from[d] + weights[0] * rows[0][d] + ..., each product rounded before its
 // addition (the empty asm keeps GCC from fusing the two into a multiply-add where the target has one,
-// which would change results) — starting from 0 instead of out when from_zero. The sums stay in
-// registers across a bag's rows, a block of columns at a time, instead of a load and a store of out
-// per row: 65,536 ids in bags of 4 of rows in cache pooled in 0.85 ms instead of 0.94 (2 threads).
+// which would change results) — starting from 0 when from is null, and stores the sums in `to`
+// (which may be from). The sums stay in registers across a bag's rows, a block of columns at a time,
+// instead of a load and a store per row: 65,536 ids in bags of 4 of rows in cache pooled in 0.85 ms
+// instead of 0.94 (2 threads).
 //
 // The build targets baseline x86-64, whose 16-byte vectors left pooling compute-bound: with 64-byte
 // ones a pooled gather of 1M x 128 rows measured 25% faster. Each element gets the same float32
@@ -37,9 +38,18 @@ namespace {
 // run's row ahead: one prefetch between loads instead of a burst of a row's lines, which stalled
 // every load behind it once the core's outstanding misses ran out (perf: 90% of pooling's time on
 // its prefetches). A/B, 1M x 128 rows: bags of 4 and 32 pooled in 0.93x and 0.90x the time.
+//
+// A half table's bag is rounded into its output as the summer stores its registers (a Sink), as
+// fbgemm does, instead of stored as float32 and read back by a narrowing pass: the read-back of sums
+// just stored (store forwarding) took 16% of a float16 pooled gather of bags of 1 (perf, one thread).
+//
+// weights: one per row, or null (no per-sample weights).
+using SumRows = void (*)(const float* from, void* to, const RowRun& rows, const float* weights, size_t count,
+                         uint32_t dim);
 struct RowSummer {
-  void (*sum)(float* out, const RowRun& rows, size_t count, uint32_t dim, bool from_zero);
-  void (*sum_scaled)(float* out, const RowRun& rows, const float* weights, size_t count, uint32_t dim, bool from_zero);
+  SumRows to_float;               // float32 sums
+  SumRows to_own_type;            // rounded to nearest even into the rows' type
+  SumRows to_own_type_ties_away;  // bfloat16: ties away from zero (PooledOutput); others: to_own_type's
 };
 
 inline float scaled(float weight, float value) {
@@ -48,10 +58,81 @@ inline float scaled(float weight, float value) {
   return product;
 }
 
-// How a summer reads element e of a row of each element type: a vector of them (load) or one (one).
-// Vectors are GCC vectors of floats, so the widening compiles for the target function it is inlined
-// into (vcvtph2ps with F16C).
+// How a summer stores its sums: element e of `to` onwards, a vector of them (store) or one (one).
+struct FloatSink {
+  template <class Vector>
+  static void store(void* to, uint32_t e, const Vector& sums) {
+    std::memcpy(static_cast<float*>(to) + e, &sums, sizeof(Vector));
+  }
+  static void one(void* to, uint32_t e, float sum) { static_cast<float*>(to)[e] = sum; }
+};
+
+// The bits of a vector of floats (Words), and as many 16-bit lanes (Halves).
+template <size_t kVectorBytes>
+struct LanesOf;
+template <>
+struct LanesOf<16> {
+  using Words = uint32_t __attribute__((vector_size(16)));
+  using Halves = uint16_t __attribute__((vector_size(8)));
+};
+template <>
+struct LanesOf<32> {
+  using Words = uint32_t __attribute__((vector_size(32)));
+  using Halves = uint16_t __attribute__((vector_size(16)));
+};
+template <>
+struct LanesOf<64> {
+  using Words = uint32_t __attribute__((vector_size(64)));
+  using Halves = uint16_t __attribute__((vector_size(32)));
+};
+
+// To nearest even, as narrow_from_float rounds; vcvtps2ph needs F16C, which every float16 summer has.
+struct Float16Sink {
+  template <class Vector>
+  static void store(void* to, uint32_t e, const Vector& sums) {
+    typename LanesOf<sizeof(Vector)>::Halves halves;
+    if constexpr (sizeof(Vector) == 32) {
+      asm("vcvtps2ph $8, %t1, %x0" : "=x"(halves) : "x"(sums));
+    } else {
+      static_assert(sizeof(Vector) == 64, "float16 sums are stored 8 or 16 lanes at a time");
+      asm("vcvtps2ph $8, %g1, %t0" : "=v"(halves) : "v"(sums));
+    }
+    std::memcpy(static_cast<uint16_t*>(to) + e, &halves, sizeof(halves));
+  }
+  static void one(void* to, uint32_t e, float sum) { static_cast<uint16_t*>(to)[e] = float_to_half(sum); }
+};
+
+// To nearest even (float_to_bfloat16), or with ties away from zero (round_through_bfloat16_ties_away);
+// a nan stays a nan, made quiet.
+template <bool kTiesAway>
+struct BFloat16Sink {
+  template <class Vector>
+  static void store(void* to, uint32_t e, const Vector& sums) {
+    using Words = typename LanesOf<sizeof(Vector)>::Words;
+    using Halves = typename LanesOf<sizeof(Vector)>::Halves;
+    Words bits;
+    std::memcpy(&bits, &sums, sizeof(bits));
+    const Words nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    const Words rounded = kTiesAway ? (bits + 0x8000u) >> 16 : (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    const Words chosen = (nan & ((bits >> 16) | 0x0040u)) | (~nan & rounded);
+    const Halves halves = __builtin_convertvector(chosen, Halves);
+    std::memcpy(static_cast<uint16_t*>(to) + e, &halves, sizeof(halves));
+  }
+  static void one(void* to, uint32_t e, float sum) {
+    uint32_t bits;
+    std::memcpy(&bits, &sum, sizeof(bits));
+    const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+    static_cast<uint16_t*>(to)[e] =
+        kTiesAway && !nan ? uint16_t((bits + 0x8000u) >> 16) : float_to_bfloat16(sum);  // quiets a nan alike
+  }
+};
+
+// How a summer reads element e of a row of each element type: a vector of them (load) or one (one),
+// and how it rounds sums into the type (Rounded, RoundedTiesAway). Vectors are GCC vectors of floats,
+// so the widening compiles for the target function it is inlined into (vcvtph2ps with F16C).
 struct FloatElements {
+  using Rounded = FloatSink;
+  using RoundedTiesAway = FloatSink;
   static constexpr size_t kBytes = sizeof(float);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -64,6 +145,8 @@ struct FloatElements {
 // _Float16 vectors, and an intrinsic cannot be inlined into a template compiled without the target
 // (the summers that instantiate this one all have F16C).
 struct Float16Elements {
+  using Rounded = Float16Sink;
+  using RoundedTiesAway = Float16Sink;
   static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -82,6 +165,8 @@ struct Float16Elements {
 };
 
 struct BFloat16Elements {
+  using Rounded = BFloat16Sink<false>;
+  using RoundedTiesAway = BFloat16Sink<true>;
   static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -95,22 +180,22 @@ struct BFloat16Elements {
   static float one(const void* row, uint32_t e) { return bfloat16_to_float(static_cast<const uint16_t*>(row)[e]); }
 };
 
-// Sums columns [d, d + kRegisters * width) of the rows into out, kRegisters vectors of sums that stay
-// in registers across the rows (the loops are unrolled for that: as an array the sums would live on
-// the stack). Vector is a GCC vector of floats, compiled for the instruction set of the target
-// function this is inlined into.
-template <class Vector, class Elements, size_t kRegisters, bool kScaled>
-__attribute__((always_inline)) inline void sum_columns(float* out, const RowRun& rows, const float* weights,
-                                                       size_t count, uint32_t d, bool from_zero) {
+// Sums columns [d, d + kRegisters * width) of the rows onto from and stores them in to, kRegisters
+// vectors of sums that stay in registers across the rows (the loops are unrolled for that: as an
+// array the sums would live on the stack). Vector is a GCC vector of floats, compiled for the
+// instruction set of the target function this is inlined into.
+template <class Vector, class Elements, class Sink, size_t kRegisters, bool kScaled>
+__attribute__((always_inline)) inline void sum_columns(const float* from, void* to, const RowRun& rows,
+                                                       const float* weights, size_t count, uint32_t d) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   constexpr size_t kVectorBytes = kWidth * Elements::kBytes;
   Vector sums[kRegisters];
 #pragma GCC unroll 16
   for (size_t r = 0; r < kRegisters; ++r) {
-    if (from_zero) {
+    if (from == nullptr) {
       sums[r] = Vector{};
     } else {
-      std::memcpy(&sums[r], out + d + r * kWidth, sizeof(Vector));
+      std::memcpy(&sums[r], from + d + r * kWidth, sizeof(Vector));
     }
   }
   for (size_t k = 0; k < count; ++k) {
@@ -130,33 +215,33 @@ __attribute__((always_inline)) inline void sum_columns(float* out, const RowRun&
     }
   }
 #pragma GCC unroll 16
-  for (size_t r = 0; r < kRegisters; ++r) std::memcpy(out + d + r * kWidth, &sums[r], sizeof(Vector));
+  for (size_t r = 0; r < kRegisters; ++r) Sink::store(to, d + r * kWidth, sums[r]);
 }
 
 // One body for every vector width: blocks of 8 vectors of columns, then of 4, 2 and 1 (a row of 64
 // floats is 4 AVX-512 vectors, not 64 single floats), then the last columns one at a time.
-template <class Vector, class Elements, bool kScaled>
-__attribute__((always_inline)) inline void sum_rows_vectors(float* out, const RowRun& rows, const float* weights,
-                                                            size_t count, uint32_t dim, bool from_zero) {
+template <class Vector, class Elements, class Sink, bool kScaled>
+__attribute__((always_inline)) inline void sum_rows_vectors(const float* from, void* to, const RowRun& rows,
+                                                            const float* weights, size_t count, uint32_t dim) {
   constexpr uint32_t kWidth = sizeof(Vector) / sizeof(float);
   uint32_t d = 0;
   for (; d + 8 * kWidth <= dim; d += 8 * kWidth) {
-    sum_columns<Vector, Elements, 8, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, Sink, 8, kScaled>(from, to, rows, weights, count, d);
   }
   if (d + 4 * kWidth <= dim) {
-    sum_columns<Vector, Elements, 4, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, Sink, 4, kScaled>(from, to, rows, weights, count, d);
     d += 4 * kWidth;
   }
   if (d + 2 * kWidth <= dim) {
-    sum_columns<Vector, Elements, 2, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, Sink, 2, kScaled>(from, to, rows, weights, count, d);
     d += 2 * kWidth;
   }
   if (d + kWidth <= dim) {
-    sum_columns<Vector, Elements, 1, kScaled>(out, rows, weights, count, d, from_zero);
+    sum_columns<Vector, Elements, Sink, 1, kScaled>(from, to, rows, weights, count, d);
     d += kWidth;
   }
   for (; d < dim; ++d) {
-    float sum = from_zero ? 0.0f : out[d];
+    float sum = from == nullptr ? 0.0f : from[d];
     const bool line_starts = d * Elements::kBytes % kCacheLineBytes == 0;
     for (size_t k = 0; k < count; ++k) {
       if (line_starts && k < rows.ahead_count) {
@@ -165,20 +250,31 @@ __attribute__((always_inline)) inline void sum_rows_vectors(float* out, const Ro
       const float value = Elements::one(rows.rows[k], d);
       sum += kScaled ? scaled(weights[k], value) : value;
     }
-    out[d] = sum;
+    Sink::one(to, d, sum);
   }
 }
 
-// A summer's two entry points for one vector width and element type, each compiled for `target`.
-#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                         \
-  target void name##_sum(float* out, const RowRun& rows, size_t count, uint32_t dim, bool from_zero) {            \
-    sum_rows_vectors<Vector, Elements, false>(out, rows, nullptr, count, dim, from_zero);                         \
-  }                                                                                                               \
-  target void name##_sum_scaled(float* out, const RowRun& rows, const float* weights, size_t count, uint32_t dim, \
-                                bool from_zero) {                                                                 \
-    sum_rows_vectors<Vector, Elements, true>(out, rows, weights, count, dim, from_zero);                          \
-  }                                                                                                               \
-  constexpr RowSummer name{&name##_sum, &name##_sum_scaled};
+// A summer's entry point for one sink, the unscaled and scaled loops compiled into it.
+template <class Vector, class Elements, class Sink>
+__attribute__((always_inline)) inline void sum_rows(const float* from, void* to, const RowRun& rows,
+                                                    const float* weights, size_t count, uint32_t dim) {
+  if (weights != nullptr) {
+    sum_rows_vectors<Vector, Elements, Sink, true>(from, to, rows, weights, count, dim);
+  } else {
+    sum_rows_vectors<Vector, Elements, Sink, false>(from, to, rows, nullptr, count, dim);
+  }
+}
+
+// A summer's entry points for one vector width and element type, each compiled for `target`.
+// (A float32 summer's three are one function: its rows' type is float32.)
+#define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                     \
+  template <class Sink>                                                                                       \
+  target void name##_sum(const float* from, void* to, const RowRun& rows, const float* weights, size_t count, \
+                         uint32_t dim) {                                                                      \
+    sum_rows<Vector, Elements, Sink>(from, to, rows, weights, count, dim);                                    \
+  }                                                                                                           \
+  constexpr RowSummer name{&name##_sum<FloatSink>, &name##_sum<Elements::Rounded>,                            \
+                           &name##_sum<Elements::RoundedTiesAway>};
 
 // 16-byte vectors: the baseline x86-64 build's own width. Without F16C a float16 element widens in
 // software, so baseline float16 rows are widened into a buffer first (FloatRows).
@@ -237,35 +333,34 @@ struct FloatRows {
   }
 };
 
-// Sums every non-skipped row of a bag into out (which it overwrites), scaled by its per-sample
-// weight when there is one, and returns how many rows it took: each row as `as_summed` takes it.
-// Rows the summer reads where they are go to it as runs, so that it prefetches the rows ahead.
-size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, const RowSummer& summer,
-               const FloatRows& as_summed, float* out) {
-  const uint32_t dim = as_summed.dim;
+// Sums every non-skipped row of a bag, scaled by its per-sample weight when there is one, stores the
+// sums in `to` as `last_sum` stores them, and returns how many rows it took: each row as `as_summed`
+// takes it. Rows go to the summer kGroup at a time; a larger bag's sums wait in `partial` (dim
+// floats, which may be `to` when it holds float32) between groups, stored there by `partial_sum`. Rows the summer reads where they are go to it as
+// runs, so that it prefetches the rows ahead.
+size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, SumRows partial_sum,
+               SumRows last_sum, const FloatRows& as_summed, float* partial, void* to) {
   const bool widens = as_summed.widened != nullptr;
   const float* group[kGroup];
   float weights[kGroup];
+  const float* bag_weights = bag.per_sample_weights;
   size_t grouped = 0;
   size_t count = 0;
-  const auto flush = [&] {
+  const auto flush = [&](SumRows sum, void* sums_to) {
     const RowRun run = widens ? RowRun{group, nullptr, 0} : rows.take(grouped);
-    if (bag.per_sample_weights != nullptr) {
-      summer.sum_scaled(out, run, weights, grouped, dim, count == grouped);
-    } else {
-      summer.sum(out, run, grouped, dim, count == grouped);
-    }
+    sum(count == grouped ? nullptr : partial, sums_to, run, bag_weights != nullptr ? weights : nullptr, grouped,
+        as_summed.dim);
     grouped = 0;
   };
   for (size_t position = begin; position < end; ++position) {
     if (bag.skips(position)) continue;
+    if (grouped == kGroup) flush(partial_sum, partial);  // only now is it known that more rows follow
     if (widens) group[grouped] = as_summed.take(rows.next(), grouped);
-    if (bag.per_sample_weights != nullptr) weights[grouped] = bag.per_sample_weights[position];
+    if (bag_weights != nullptr) weights[grouped] = bag_weights[position];
     ++grouped;
     ++count;
-    if (grouped == kGroup) flush();
   }
-  if (grouped > 0 || count == 0) flush();  // an empty bag still gets its zeros
+  flush(last_sum, to);  // an empty bag still gets its zeros
   return count;
 }
 
@@ -290,6 +385,22 @@ void max_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& row
     }
     first = false;
   }
+}
+
+// A half table's bag, pooled in float32 into sums, rounded into `to` as PooledOutput says; mean_size
+// is the bag's size for Mean, 0 otherwise. (Max values are the type's own, so they round exactly.)
+void round_pooled_bag(const PooledOutput& out, float* sums, uint32_t dim, size_t mean_size, void* to) {
+  if (out.type == ElementType::BFloat16 && out.bfloat16_ties_away) {
+    round_through_bfloat16_ties_away(sums, dim);  // then exact, unless divided below
+  } else if (mean_size > 0) {
+    round_through(out.type, sums, dim);
+  }
+  if (mean_size > 0) {
+    float divisor = float(mean_size);
+    round_through(out.type, &divisor, 1);
+    for (float* value = sums; value != sums + dim; ++value) *value /= divisor;
+  }
+  narrow_from_float(out.type, sums, to, dim);
 }
 
 }  // namespace
@@ -324,7 +435,7 @@ void validate_embedding_bag(const EmbeddingBag& bag, uint64_t num_rows) {
 }
 
 void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
-               uint32_t dim, float* out, int64_t* max_positions) {
+               uint32_t dim, const PooledOutput& out, int64_t* max_positions) {
   // Rows of `type` summed as they are, or widened first where this CPU has no summer for them; the
   // maximum of half rows always compares them widened.
   const RowSummer* direct = best_row_summer(type);
@@ -333,8 +444,18 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
   std::vector<float> widened(widens ? kGroup * size_t{dim} : 0);
   const FloatRows as_float{type, dim, widens ? widened.data() : nullptr};
   const FloatRows as_summed{type, dim, direct != nullptr ? nullptr : as_float.widened};
+  // A half output's Sum bags are rounded by a summer of their own type as it stores them; its other
+  // bags are pooled into `sums` (in L1) and rounded from there.
+  const bool half_out = out.type != ElementType::Float32;
+  const bool summer_rounds = half_out && direct != nullptr && bag.mode == PoolingMode::Sum;
+  const SumRows last_sum = !summer_rounds           ? summer.to_float
+                           : out.bfloat16_ties_away ? summer.to_own_type_ties_away
+                                                    : summer.to_own_type;
+  std::vector<float> sums(half_out ? dim : 0);
+  const size_t out_row_bytes = size_t{dim} * element_bytes(out.type);
   for (size_t b = first_bag; b < end_bag; ++b) {
-    float* bag_out = out + b * dim;
+    std::byte* out_row = static_cast<std::byte*>(out.data) + b * out_row_bytes;
+    float* bag_out = half_out ? sums.data() : reinterpret_cast<float*>(out_row);
     int64_t* bag_positions = max_positions != nullptr ? max_positions + b * dim : nullptr;
     const size_t begin = bag.bag_begin(b);
     const size_t end = bag.bag_end(b);
@@ -343,10 +464,14 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
       if (bag_positions != nullptr) std::fill(bag_positions, bag_positions + dim, int64_t{-1});
       const bool ignore_nan = bag.ignore_nan != nullptr && bag.ignore_nan[b] != 0;
       max_bag(bag, begin, end, rows, as_float, bag_out, bag_positions, ignore_nan);
+      if (half_out) round_pooled_bag(out, bag_out, dim, 0, out_row);
       continue;
     }
-    const size_t count = sum_bag(bag, begin, end, rows, summer, as_summed, bag_out);
-    if (bag.mode == PoolingMode::Mean && count > 0) {
+    const size_t count = sum_bag(bag, begin, end, rows, summer.to_float, last_sum, as_summed, bag_out,
+                                 summer_rounds ? out_row : static_cast<void*>(bag_out));
+    if (half_out && !summer_rounds) {
+      round_pooled_bag(out, bag_out, dim, bag.mode == PoolingMode::Mean ? std::max<size_t>(count, 1) : 0, out_row);
+    } else if (bag.mode == PoolingMode::Mean && count > 0) {
       for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
     }
   }

@@ -82,15 +82,32 @@ class RowPointers {
   size_t next_ = 0;
 };
 
-// Pools bags [first_bag, end_bag) into out (dim floats per bag, indexed by bag number), taking their
+// Where pooled bags go, bag b at row b: float32 values (a float* converts to this), or a half table's
+// bags rounded into its own type as CPU's embedding_bag rounds them — each bag in turn, straight
+// from its float32 sum, while the sum is in cache. For half outputs, Mean is CPU's: the sum rounded to
+// the type, divided by the bag's size (at least 1) rounded to the type, in float32, and rounded
+// again, as its apply_bag_size does after the float32-accumulated sum.
+struct PooledOutput {
+  PooledOutput(float* sums) : data(sums) {}  // implicit: float32 sums are the plain case
+  PooledOutput(void* rows, ElementType type, bool bfloat16_ties_away)
+      : data(rows), type(type), bfloat16_ties_away(bfloat16_ties_away) {}
+
+  void* data;
+  ElementType type = ElementType::Float32;  // Float32, Float16 or BFloat16
+  // bfloat16 sums round with ties away from zero, as fbgemm rounds them where CPU pools with it (no
+  // padding_idx); otherwise to nearest even. Sums of a few bfloat16 rows meet ties often.
+  bool bfloat16_ties_away = false;
+};
+
+// Pools bags [first_bag, end_bag) into out (dim elements per bag, indexed by bag number), taking their
 // rows (dim elements of `type`: Float32, Float16 or BFloat16) from `rows`, which holds one for each
 // of their non-skipped ids. Half rows are widened exactly as they are read, a few rows at a time
 // into a buffer that stays in cache, so the arithmetic (and every result) is float32's on the
 // widened values, and the rows' memory traffic is half of float32's. Empty bags give zeros; Mean
-// divides by the number of non-skipped ids; Max keeps the first of equal maxima and, when
+// divides by the number of non-skipped ids (into half outputs, as PooledOutput says); Max keeps the first of equal maxima and, when
 // max_positions is not null, records per element the position in ids of the maximum (-1 for an
 // empty bag), exactly as embedding_bag on CPU does (a nan stays only if it comes first in its bag).
 void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
-               uint32_t dim, float* out, int64_t* max_positions);
+               uint32_t dim, const PooledOutput& out, int64_t* max_positions);
 
 }  // namespace recdev::store

@@ -20,7 +20,7 @@ void LocalTable::peek(const uint64_t* ids, size_t n, float* out) const { table_-
 
 void LocalTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                               int64_t padding_idx, float* out, int64_t* max_positions) {
+                               int64_t padding_idx, const PooledOutput& out, int64_t* max_positions) {
   table_->gather_pooled(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
                         out, max_positions);
 }

@@ -33,8 +33,8 @@ class LocalTable final : public TableHandle {
   void gather(const uint64_t* ids, size_t n, float* out) override;
   void peek(const uint64_t* ids, size_t n, float* out) const override;
   void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
-                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, float* out,
-                     int64_t* max_positions) override;
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
+                     const PooledOutput& out, int64_t* max_positions) override;
   void write(const uint64_t* ids, size_t n, const float* rows) override;
   void read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const override;
   void write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) override;

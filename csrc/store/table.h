@@ -238,13 +238,14 @@ class Table {
   // Like gather, but a row that is not materialized gives its init value and stays unmaterialized.
   void peek(const uint64_t* ids, size_t n, float* out) const;
 
-  // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags * row_words;
-  // max_positions (Max only, may be null) is num_bags * row_words. Materializes the rows it reads; rows
+  // torch.nn.functional.embedding_bag on the table (see embedding_bag.h): out is num_bags rows of the
+  // table's elements, float32 or rounded into the table's half type (PooledOutput); max_positions (Max
+  // only, may be null) is as many int64s. Materializes the rows it reads; rows
   // equal to padding_idx are neither read nor materialized. ignore_nan: EmbeddingBag::ignore_nan
   // (then max_positions is required).
   void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, PoolingMode mode,
-                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, float* out,
-                     int64_t* max_positions, const uint8_t* ignore_nan = nullptr);
+                     const float* per_sample_weights, bool include_last_offset, int64_t padding_idx,
+                     const PooledOutput& out, int64_t* max_positions, const uint8_t* ignore_nan = nullptr);
 
   // rows: n * row_words words. With duplicate ids, the last one wins.
   void write(const uint64_t* ids, size_t n, const float* rows);
@@ -478,7 +479,7 @@ class Table {
   // under the read locks of all their sub-shards. Returns false, writing nothing, if some row is not
   // materialized. block_ids are the bags' ids but the skipped ones.
   bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
-                     float* out, int64_t* max_positions, LockedRecords& found) const;
+                     const PooledOutput& out, int64_t* max_positions, LockedRecords& found) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Records that a row's record, presence or place changed, for the change chains; under its
   // sub-shard's write lock.

@@ -59,7 +59,7 @@ class TableRowPath {
   virtual void peek(const uint64_t* ids, size_t n, float* out) const = 0;
   virtual void gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                              PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                             int64_t padding_idx, float* out, int64_t* max_positions) = 0;
+                             int64_t padding_idx, const PooledOutput& out, int64_t* max_positions) = 0;
   virtual void write(const uint64_t* ids, size_t n, const float* rows) = 0;
   virtual void read_bytes(uint64_t byte_offset, uint64_t nbytes, void* out) const = 0;
   virtual void write_bytes(uint64_t byte_offset, uint64_t nbytes, const void* data) = 0;

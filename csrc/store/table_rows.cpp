@@ -238,13 +238,19 @@ void Table::peek(const uint64_t* ids, size_t n, float* out) const {
 
 void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                           PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                          int64_t padding_idx, float* out, int64_t* max_positions, const uint8_t* ignore_nan) {
+                          int64_t padding_idx, const PooledOutput& out, int64_t* max_positions,
+                          const uint8_t* ignore_nan) {
   if (!computes_in_float32(dtype_)) {
     throw StoreError(ErrorCode::InvalidArgument, "gather_pooled of table " + std::to_string(id_) +
                                                      " refused: the store pools float32, float16 "
                                                      "and bfloat16 tables; a " +
                                                      describe(dtype_) +
                                                      " table's rows are gathered and pooled by the caller");
+  }
+  if (out.type != ElementType::Float32 && out.type != dtype_) {
+    throw StoreError(ErrorCode::InvalidArgument, "gather_pooled of table " + std::to_string(id_) + " refused: a " +
+                                                     describe(dtype_) + " table pools into float32 or " +
+                                                     describe(dtype_) + ", not " + describe(out.type));
   }
   const EmbeddingBag bag{ids,         num_ids,   offsets, num_bags, include_last_offset, mode, per_sample_weights,
                          padding_idx, ignore_nan};
@@ -313,7 +319,7 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
 }
 
 bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag,
-                          const std::vector<uint64_t>& block_ids, float* out, int64_t* max_positions,
+                          const std::vector<uint64_t>& block_ids, const PooledOutput& out, int64_t* max_positions,
                           LockedRecords& found) const {
   // Every record found first, then pooled in bag order from prefetched pointers (for_each_prefetched
   // says why).

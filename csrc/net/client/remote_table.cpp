@@ -436,7 +436,15 @@ std::string RemoteTable::describe_shard(size_t shard) const { return label() + "
 
 void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                 store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                                int64_t padding_idx, float* out, int64_t* max_positions) {
+                                int64_t padding_idx, const store::PooledOutput& out, int64_t* max_positions) {
+  if (out.type != store::ElementType::Float32) {
+    // Shards add partial sums in another order than CPU's, so a half table's rows are pooled by the
+    // caller (RowPathTraits::pools_rows is false for it).
+    throw StoreError(ErrorCode::InvalidArgument,
+                     "gather_pooled of " + label() +
+                         " refused: a remote table pools into float32 only; gather a half table's rows and pool "
+                         "them on the CPU");
+  }
   const store::EmbeddingBag bag{ids,        num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights,
                                 padding_idx};
   store::validate_embedding_bag(bag, num_rows_);
@@ -491,7 +499,8 @@ void RemoteTable::gather_pooled(const uint64_t* ids, size_t num_ids, const int64
       shares.push_back(std::move(chunk.shares[chunk.shards[k]]));
       partials.push_back(answer_of<PooledPartialResponse>(calls[chunk.first_call + k]));
     }
-    combine_partials(bag, chunk.first_bag, chunk.end_bag, shares, partials, row_words_, out, max_positions);
+    combine_partials(bag, chunk.first_bag, chunk.end_bag, shares, partials, row_words_, static_cast<float*>(out.data),
+                     max_positions);
   }
 }
 
