@@ -423,7 +423,7 @@ WrittenVersion VersionWriter::write(const VersionSource& source) {
   std::lock_guard<std::mutex> lock(mutex_);
   make_directory(directory_);
   remove_temp_files_in(directory_, TempFiles::OfDeadWriters);
-  std::vector<VersionFile> files = list_version_files(directory_);
+  const std::vector<VersionFile> files = list_version_files(directory_);
   const uint64_t newest = files.empty() ? 0 : files.back().version;
   const bool delta = chain_ != 0 && last_version_ == newest && files.back().chain == chain_;
   if (!delta) chain_ = random_chain();
@@ -437,23 +437,24 @@ WrittenVersion VersionWriter::write(const VersionSource& source) {
     }
     run_at_background_priority(
         [&] { written.summary = write_version_file(written.path, version, chain_, !delta, cuts); });
-    files.push_back(VersionFile{written.path, version, !delta, chain_, 0, written.summary.bytes});
   } catch (...) {
     source.forget(chain_);
     chain_ = 0;
     throw;
   }
   last_version_ = version;
-  compact_if_due(files, version);
+  compact_if_due(version);
   return written;
 }
 
-void VersionWriter::compact_if_due(const std::vector<VersionFile>& files, uint64_t version) {
+void VersionWriter::compact_if_due(uint64_t version) {
   // One at a time, and a checkpoint never waits for one: while a compaction runs, the next
   // checkpoint after it finishes considers the chain again. An error is kept for wait_compaction.
   if (compacting_) return;
   if (compaction_.joinable()) compaction_.join();
-  const std::vector<VersionFile> chain = chain_for(files, version);
+  // Listed now, not when this version's write began: a compaction that finished during the write
+  // has removed the files it folded, and a chain of those would fail to open them.
+  const std::vector<VersionFile> chain = chain_for(list_version_files(directory_), version);
   if (chain.size() < 2) return;
   uint64_t delta_bytes = 0;
   for (size_t i = 1; i < chain.size(); ++i) delta_bytes += chain[i].bytes;

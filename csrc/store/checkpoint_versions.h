@@ -121,7 +121,7 @@ class VersionWriter {
   void wait_compaction();
 
  private:
-  void compact_if_due(const std::vector<VersionFile>& files, uint64_t version);
+  void compact_if_due(uint64_t version);
 
   const std::string directory_;
   std::mutex mutex_;

@@ -336,8 +336,8 @@ struct FloatRows {
 // Sums every non-skipped row of a bag, scaled by its per-sample weight when there is one, stores the
 // sums in `to` as `last_sum` stores them, and returns how many rows it took: each row as `as_summed`
 // takes it. Rows go to the summer kGroup at a time; a larger bag's sums wait in `partial` (dim
-// floats, which may be `to` when it holds float32) between groups, stored there by `partial_sum`. Rows the summer reads where they are go to it as
-// runs, so that it prefetches the rows ahead.
+// floats, which may be `to` when it holds float32) between groups, stored there by `partial_sum`.
+// Rows the summer reads where they are go to it as runs, so that it prefetches the rows ahead.
 size_t sum_bag(const EmbeddingBag& bag, size_t begin, size_t end, RowPointers& rows, SumRows partial_sum,
                SumRows last_sum, const FloatRows& as_summed, float* partial, void* to) {
   const bool widens = as_summed.widened != nullptr;

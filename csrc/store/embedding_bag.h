@@ -101,11 +101,11 @@ struct PooledOutput {
 
 // Pools bags [first_bag, end_bag) into out (dim elements per bag, indexed by bag number), taking their
 // rows (dim elements of `type`: Float32, Float16 or BFloat16) from `rows`, which holds one for each
-// of their non-skipped ids. Half rows are widened exactly as they are read, a few rows at a time
-// into a buffer that stays in cache, so the arithmetic (and every result) is float32's on the
-// widened values, and the rows' memory traffic is half of float32's. Empty bags give zeros; Mean
-// divides by the number of non-skipped ids (into half outputs, as PooledOutput says); Max keeps the first of equal maxima and, when
-// max_positions is not null, records per element the position in ids of the maximum (-1 for an
+// of their non-skipped ids. Half rows are widened exactly as they are read (in registers where the
+// CPU can), so the arithmetic (and every result) is float32's on the widened values, and the rows'
+// memory traffic is half of float32's. Empty bags give zeros; Mean divides by the number of
+// non-skipped ids (into half outputs, as PooledOutput says); Max keeps the first of equal maxima and,
+// when max_positions is not null, records per element the position in ids of the maximum (-1 for an
 // empty bag), exactly as embedding_bag on CPU does (a nan stays only if it comes first in its bag).
 void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPointers& rows, ElementType type,
                uint32_t dim, const PooledOutput& out, int64_t* max_positions);
