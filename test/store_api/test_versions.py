@@ -128,13 +128,19 @@ def test_tables_created_reset_or_deleted_between_versions(tmp_path):
     assert torch.equal(ops.emb_read(b, torch.arange(3)).cpu(), torch.full((3, 4), 3.0))
 
 
-def test_compaction_folds_the_deltas_into_a_new_base_that_restores_the_same(tmp_path):
+def compaction_workload(directory, steps):
+    """A table with a base version in `directory`, and the number of rows a delta should rewrite so
+    that compactions come every few versions: the base holds the store's other tables too (earlier
+    tests' in this process), so each delta rewrites about a third of the base's bytes (a row is about
+    40 of them) and a few pass it. `steps` more rows than that exist."""
     table = ops.init_embedding_table(f"k_{uuid.uuid4().hex[:8]}", 10**6, 8, optimizer=("sgd", {"lr": 0.5}))
     ops.emb_update(table, torch.arange(50_000), torch.ones(50_000, 8))
-    ops.checkpoint(tmp_path)
-    # The base holds the store's other tables too (earlier tests' in this process): each delta
-    # rewrites about a third of the base's bytes (a row is about 40 of them), so a few pass it.
-    rows = min(10**6 - 40, max(40_000, ops.version_files(tmp_path)[0]["bytes"] // 120))
+    ops.checkpoint(directory)
+    return table, min(10**6 - steps, max(40_000, ops.version_files(directory)[0]["bytes"] // 120))
+
+
+def test_compaction_folds_the_deltas_into_a_new_base_that_restores_the_same(tmp_path):
+    table, rows = compaction_workload(tmp_path, 40)
     for step in range(40):
         ops.emb_update(table, torch.arange(rows) + step, torch.ones(rows, 8))
         ops.checkpoint(tmp_path)
@@ -150,6 +156,23 @@ def test_compaction_folds_the_deltas_into_a_new_base_that_restores_the_same(tmp_
     assert ops.restore(tmp_path) == newest
     assert_same(state_of(table), want, "the newest version after compaction")
     assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
+
+
+def test_back_to_back_checkpoints_while_compactions_run(tmp_path):
+    """A checkpoint that lists the directory while a compaction still folds it must not hand the next
+    compaction that listing: files the first has removed since (an OSError from wait_for_compaction,
+    in about half the runs before)."""
+    table, rows = compaction_workload(tmp_path, 120)
+    for step in range(120):
+        ops.emb_update(table, torch.arange(rows) + step, torch.ones(rows, 8))
+        ops.checkpoint(tmp_path)  # never waits for a compaction: several run while these are written
+    ops.wait_for_compaction(tmp_path)
+    files = ops.version_files(tmp_path)
+    assert files[0]["kind"] == "base" and files[0]["version"] > 1, files
+    want = state_of(table)
+    ops.emb_update(table, torch.arange(1000), torch.ones(1000, 8))
+    assert ops.restore(tmp_path) == 121
+    assert_same(state_of(table), want, "the newest version after back-to-back compactions")
 
 
 def test_a_version_holds_each_request_wholly_or_not_at_all(tmp_path):
