@@ -122,8 +122,27 @@ def store_checkpoint():
         return _timed(save_and_load, 5)
 
 
+def remote_gather():
+    """bench_remote's gather: 65,536 ids of a 1M x 128 float32 table on 2 local recdev-server shards of
+    this build, every row written."""
+    from local_servers import local_recdev_servers
+
+    with local_recdev_servers(2) as addresses:
+        torch_recdev.connect(",".join(addresses))
+        try:
+            table = torch_recdev.ops.init_embedding_table("ab_remote", ROWS, DIM)
+            for start in range(0, ROWS, BATCH):
+                keys = torch.arange(start, min(start + BATCH, ROWS))
+                torch_recdev.ops.emb_write(table, keys, torch.randn(len(keys), DIM))
+            ids = torch.randint(0, ROWS, (BATCH,))
+            return _timed(lambda: torch.nn.functional.embedding(ids, table), 30)
+        finally:
+            torch_recdev.connect(None)
+
+
 WORKLOADS = {
     "store_checkpoint": store_checkpoint,
+    "remote_gather": remote_gather,
     "lookup": lookup,
     "pooled_lookup": pooled_lookup,
     **{f"pooled_whole_table_{str(dtype)[6:]}_bag{size}": functools.partial(pooled_lookup_whole_table, size, dtype)

@@ -6,7 +6,6 @@
 
 #include "device/cpu_access.h"
 #include "device/cpu_view.h"
-#include "device/profiler_ranges.h"
 #include "device/store_ranges.h"
 #include "device/table_storage.h"
 #include "fallback.h"
@@ -297,7 +296,7 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
     for (int64_t b = begin; b < end; ++b) size_of[b] = assign_bag(b, offsets[b], bag_end(b), rows, padding_row, bag_of);
   };
   const trace::Range range = device::pooled_gather_range(table, rows.size(), static_cast<size_t>(num_bags));
-  device::parallel_for_profiled(0, num_bags, bags_per_task, pool_bag_range);
+  run_in_tasks(num_bags, bags_per_task, pool_bag_range);
 
   at::Tensor max_indices = max_indices_of(mode, num_bags, dim, arg(args, 2), indices, max_positions, rows.size());
   torch::jit::drop(*stack, n);

@@ -3,10 +3,10 @@
 #include "device/allocator.h"
 #include "device/cpu_access.h"
 #include "device/cpu_view.h"
-#include "device/profiler_ranges.h"
 #include "device/store_ranges.h"
 
 #include "store/table_handle.h"
+#include "store/task_runner.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
@@ -30,6 +30,15 @@ std::optional<uint64_t> first_gatherable_row(const at::Tensor& weight) {
 }
 
 // The bytes of an index or weight tensor (read only) as CPU.
+void run_in_tasks(int64_t total, int64_t per_task, const std::function<void(int64_t, int64_t)>& work) {
+  if (total <= 0) return;
+  const int64_t tasks = (total + per_task - 1) / per_task;
+  store::run_tasks(static_cast<size_t>(tasks), static_cast<size_t>(at::get_num_threads()), [&](size_t task) {
+    const int64_t begin = static_cast<int64_t>(task) * per_task;
+    work(begin, std::min(total, begin + per_task));
+  });
+}
+
 at::Tensor on_cpu(const at::Tensor& t) { return device::CpuAccess(t, "reading lookup indices").cpu(); }
 
 namespace {
@@ -97,7 +106,7 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   const bool one_request = table.row_path_traits().one_request_per_batch;
   const int64_t rows_per_task = one_request ? std::max<int64_t>(1, rows.size()) : kRowsPerTask;
   const trace::Range range = device::gather_range(table, rows.size());
-  device::parallel_for_profiled(0, static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
+  run_in_tasks(static_cast<int64_t>(rows.size()), rows_per_task, [&](int64_t begin, int64_t end) {
     table.gather(rows.data() + begin, static_cast<size_t>(end - begin), dst + static_cast<size_t>(begin) * words);
   });
   return out;

@@ -271,6 +271,43 @@ def test_embedding_bag_larger_random(kind, weight):
     )
 
 
+def test_lookups_split_into_tasks_match_one_thread_and_cpu(to_placement):
+    # A batch goes to the intra-op threads in tasks of 8,192 ids (run_in_tasks in
+    # csrc/kernels/table_rows.h), each thread taking the next as it finishes one: the tasks' order
+    # then changes from call to call. 20,003 ids make three tasks, the last a short one, and bags of
+    # random sizes put task boundaries inside runs of bags; every result must be the one a single
+    # thread gives, bit for bit, and CPU's.
+    g = torch.Generator().manual_seed(5)
+    ref = torch.randn(30_000, 64, generator=g)
+    w = to_placement(ref, "table")
+    ids = torch.randint(0, 30_000, (20_003,), generator=g)
+    offsets = torch.cat([torch.tensor([0]), torch.randint(0, 20_003, (4_999,), generator=g).sort().values])
+    psw = torch.rand(20_003, generator=g)
+    calls = {
+        "embedding": lambda: F.embedding(ids, w),
+        "sum": lambda: F.embedding_bag(ids, w, offsets, mode="sum"),
+        "mean": lambda: F.embedding_bag(ids, w, offsets, mode="mean"),
+        "max": lambda: F.embedding_bag(ids, w, offsets, mode="max"),
+        "weighted": lambda: F.embedding_bag(ids, w, offsets, mode="sum", per_sample_weights=psw),
+    }
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = {name: call().cpu() for name, call in calls.items()}
+        torch.set_num_threads(2)
+        for _ in range(3):
+            for name, call in calls.items():
+                assert torch.equal(call().cpu(), one_thread[name]), name
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(one_thread["embedding"], F.embedding(ids, ref), rtol=0, atol=0)
+    for mode in ("sum", "mean", "max"):
+        torch.testing.assert_close(one_thread[mode], F.embedding_bag(ids, ref, offsets, mode=mode), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        one_thread["weighted"], F.embedding_bag(ids, ref, offsets, mode="sum", per_sample_weights=psw), rtol=1e-5, atol=1e-5
+    )
+
+
 # --- index_select and weight[ids] --------------------------------------------------------------------
 
 
