@@ -231,12 +231,23 @@ def barrier(world: int) -> None:
         dist.barrier()
 
 
+def at_least_one(text: str) -> int:
+    """argparse type of the counts: a whole number of 1 or more, or the user is told what was wrong."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-samples", type=int, default=1_000_000, help="in all, split over the ranks")
-    parser.add_argument("--test-samples", type=int, default=50_000)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=1024, help="per rank")
+    parser.add_argument("--train-samples", type=at_least_one, default=1_000_000, help="in all, split over the ranks")
+    parser.add_argument("--test-samples", type=at_least_one, default=50_000)
+    parser.add_argument("--epochs", type=at_least_one, default=2)
+    parser.add_argument("--batch-size", type=at_least_one, default=1024, help="per rank")
     parser.add_argument("--lr", type=float, default=0.03, help="learning rate of the fused RowWiseAdagrad")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="the tables' element type")
@@ -245,11 +256,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--sync", action="store_true",
                         help="under torchrun: synchronous table updates (every rank's step combined, docs/fleet.md)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=100,
-                        help="steps between held-out evaluations on a fixed subsample (the learning curve)")
-    parser.add_argument("--eval-samples", type=int, default=10_000, help="the subsample those evaluations use")
+    parser.add_argument("--eval-every", type=at_least_one, default=100,
+                        help="steps between held-out evaluations on a fixed subsample (the learning curve); more "
+                        "steps than a run has evaluates at each epoch's end only")
+    parser.add_argument("--eval-samples", type=at_least_one, default=10_000, help="the subsample those evaluations use")
     parser.add_argument("--checkpoint", help="directory: save after each epoch, resume from it when present")
-    parser.add_argument("--checkpoint-every-steps", type=int, metavar="K",
+    parser.add_argument("--checkpoint-every-steps", type=at_least_one, metavar="K",
                         help="write a version of the tables (ops.checkpoint: a base, then deltas) and the MLP every K "
                         "steps into --checkpoint-dir, for serving shards to follow (examples/serve_ctr.py)")
     parser.add_argument("--checkpoint-dir", help="where --checkpoint-every-steps writes its versions")
@@ -268,8 +280,6 @@ def main(argv=None) -> dict:
         parser.error("--spill keeps the rows --max-rows evicts on disk: give --max-rows too")
     if (args.checkpoint_every_steps is None) != (args.checkpoint_dir is None):
         parser.error("--checkpoint-every-steps and --checkpoint-dir go together")
-    if args.checkpoint_every_steps is not None and args.checkpoint_every_steps < 1:
-        parser.error("--checkpoint-every-steps must be at least 1")
     rank, world = start_fleet()
     lead = rank == 0  # prints, evaluates, saves
 

@@ -29,6 +29,16 @@ def test_short_training_beats_the_majority_baseline(tmp_path):
     assert "1,000,000,000 rows in the table" in out and "materialized" in out
 
 
+def test_counts_below_one_are_refused_by_name():
+    # --eval-every 0 once ended in ZeroDivisionError after the data was drawn.
+    for flag in ("--eval-every", "--batch-size", "--epochs", "--checkpoint-every-steps"):
+        result = subprocess.run([sys.executable, SCRIPT, flag, "0"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert f"argument {flag}: must be at least 1, got 0" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, SCRIPT, "--eval-every", "ten"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "argument --eval-every: must be a whole number of at least 1, got 'ten'" in result.stderr
+
+
 def test_training_with_the_mlp_under_bfloat16_autocast(tmp_path):
     out = _run("--train-samples", "60000", "--test-samples", "10000", "--epochs", "1", "--autocast", "bf16",
                "--plot", "")
