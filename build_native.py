@@ -7,7 +7,10 @@ ninja tracks headers), from sources that include no torch header:
   constants, csrc/python/testing): `python build_native.py --testing`, which `make test` and
   `make bench` run. It is never part of _C or of an installed package.
 
-Both link the same objects of the store, compiled once (position-independent, for the module).
+The objects of the store, the wire and the client's connection are compiled once, here
+(position-independent), and linked into recdev-server, the test module and torch's extension _C
+(setup.py builds them first), which compiled them a second time with torch's flags before (127 of
+814 compiler seconds).
 """
 
 import argparse
@@ -18,10 +21,12 @@ import sys
 import sysconfig
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+BUILD_DIR = os.path.join(ROOT, "build", "native")
 SERVER = os.path.join("torch_recdev", "recdev-server")
 FLAGS = "-std=c++20 -O2 -g0 -Wall -Werror -Wno-unused-parameter -pthread -fPIC"
 STORE = ["csrc/store/*.cpp"]
-SERVER_ONLY = ["csrc/net/wire/*.cpp", "csrc/net/server/*.cpp", "csrc/net/client/connection.cpp", "csrc/server/*.cpp"]
+WIRE = ["csrc/net/wire/*.cpp", "csrc/net/client/connection.cpp"]
+SERVER_ONLY = ["csrc/net/server/*.cpp", "csrc/server/*.cpp"]
 TESTING_ONLY = ["csrc/python/testing/*.cpp", "csrc/python/table_policy_binding.cpp", "csrc/python/store_errors.cpp"]
 
 
@@ -33,7 +38,16 @@ def _sources(patterns):
 
 
 def server_sources():
-    return _sources(STORE + SERVER_ONLY)
+    return _sources(STORE + WIRE + SERVER_ONLY)
+
+
+def shared_with_extension():
+    """The sources whose objects _C links from here instead of compiling them itself."""
+    return _sources(STORE + WIRE)
+
+
+def object_path(source):
+    return os.path.join(BUILD_DIR, _object_name(source))
 
 
 def testing_sources():
@@ -42,6 +56,10 @@ def testing_sources():
 
 def testing_module():
     return os.path.join("torch_recdev", "_testing" + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _object_name(source):
+    return source.replace("/", "_") + ".o"
 
 
 def _ninja_file(testing):
@@ -64,14 +82,14 @@ def _ninja_file(testing):
     def objects(sources, extra=""):
         names = []
         for source in sources:
-            names.append(source.replace("/", "_") + ".o")
+            names.append(_object_name(source))
             lines.append(f"build {names[-1]}: cxx {os.path.join(ROOT, source)}")
             if extra:
                 lines.append(f"  extra = {extra}")
         return names
 
     store = objects(_sources(STORE))
-    server = store + objects(_sources(SERVER_ONLY))
+    server = store + objects(_sources(WIRE + SERVER_ONLY))
     lines.append(f"build {os.path.join(ROOT, SERVER)}: link {' '.join(server)}")
     if testing:
         module = store + objects(_sources(TESTING_ONLY), python_includes)
@@ -83,11 +101,10 @@ def build(testing=False):
     """Compiles recdev-server, and with testing=True the test module too, in build/native."""
     import ninja
 
-    build_dir = os.path.join(ROOT, "build", "native")
-    os.makedirs(build_dir, exist_ok=True)
-    with open(os.path.join(build_dir, "build.ninja"), "w") as f:
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    with open(os.path.join(BUILD_DIR, "build.ninja"), "w") as f:
         f.write(_ninja_file(testing))
-    subprocess.run([os.path.join(ninja.BIN_DIR, "ninja"), "-C", build_dir], check=True)
+    subprocess.run([os.path.join(ninja.BIN_DIR, "ninja"), "-C", BUILD_DIR], check=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ class IncrementalBuildExtension(BuildExtension.with_options(use_ninja=True)):
 
     def build_extensions(self):
         self.build_temp = os.path.join(ROOT, "build", "temp")
+        build_native.build()  # first: _C links its objects of the store and the wire (extra_objects)
         super().build_extensions()
-        build_native.build()
 
 
 class CopyNativeScripts(build_scripts):
@@ -44,11 +44,12 @@ class CopyNativeScripts(build_scripts):
 
 
 def sources():
-    patterns = ["csrc/store/*.cpp", "csrc/net/wire/*.cpp", "csrc/net/client/*.cpp", "csrc/device/*.cpp",
-                "csrc/kernels/*.cpp", "csrc/python/*.cpp"]
+    """_C's own sources: those of the store and the wire are build_native's objects (extra_objects)."""
+    patterns = ["csrc/net/client/*.cpp", "csrc/device/*.cpp", "csrc/kernels/*.cpp", "csrc/python/*.cpp"]
+    shared = set(build_native.shared_with_extension())
     found = []
     for pattern in patterns:
-        found += sorted(glob.glob(pattern, root_dir=ROOT))
+        found += [source for source in sorted(glob.glob(pattern, root_dir=ROOT)) if source not in shared]
     return found
 
 
@@ -62,6 +63,7 @@ setup(
             name="torch_recdev._C",
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_objects=[build_native.object_path(source) for source in build_native.shared_with_extension()],
             # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` is compiled
             # into this extension; without the flag every parallel_for here runs on one thread. The
             # libgomp it links is the one torch ships and has already loaded (same soname).

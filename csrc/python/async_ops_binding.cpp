@@ -3,7 +3,7 @@
 #include "device/async_ops.h"
 
 #include <ATen/ThreadLocalState.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace recdev::python {
 

@@ -22,7 +22,7 @@
 #include "store/table_handle.h"
 
 #include <torch/csrc/Generator.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace recdev::python {
 

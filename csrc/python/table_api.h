@@ -3,7 +3,7 @@
 // torch_recdev.optim call them): named tables, row reads and writes by key,
 // init rules, updates through the fused optimizer, checkpoints.
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace recdev::python {
 

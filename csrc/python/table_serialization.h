@@ -3,7 +3,7 @@
 // a table travels as its snapshot — the store's header (shape, init rule, init stream, optimizer
 // and step) and its materialized rows with their optimizer state — never as num_rows dense rows.
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace recdev::python {
 
