@@ -62,6 +62,7 @@ from .stores import StoreFullError, connect, fleet_store, server_stats, store_in
 from .budgets import set_disk_dir, set_table_policy, table_policy  # noqa: E402
 from .fleet import share_tables  # noqa: E402
 from .ops import export_tables  # noqa: E402
+from .lookups import embeddings  # noqa: E402
 from .init import Constant, Normal, Uniform, Xavier, Zero  # noqa: E402
 from .tables import (  # noqa: E402
     is_table,
@@ -90,6 +91,7 @@ __all__ = [
     "StoreFullError",
     "share_tables",
     "export_tables",
+    "embeddings",
     "ops",
     "optim",
     "is_table",

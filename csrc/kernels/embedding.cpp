@@ -37,7 +37,7 @@ namespace {
 void check_not_trained_by_indexing(const at::Tensor& self, const char* op) {
   TORCH_CHECK(
       !(self.requires_grad() && at::GradMode::is_enabled() &&
-        device::table_block(self.storage())->table().optimizer().kind != store::OptimizerKind::None),
+        device::table_block(self.storage())->table().has_optimizer()),
       "recdev: ", op,
       " on a table trained by a fused optimizer would give it a dense gradient the optimizer never "
       "sees. Look rows up with F.embedding / F.embedding_bag (or nn.Embedding) so that their gradient goes to the "
@@ -336,5 +336,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_embedding_bag", torch::CppFunction::makeFromBoxedFunction<&embedding_bag>());
   m.impl("_embedding_bag_forward_only", torch::CppFunction::makeFromBoxedFunction<&embedding_bag>());
 }
+
+// torch_recdev.embeddings' forward (torch_recdev/lookups.py, whose backward sends each table's
+// gradient through recdev::table_embedding_backward).
+TORCH_LIBRARY_FRAGMENT(recdev, m) { m.def("gather_tables(Tensor[] weights, Tensor[] indices) -> Tensor[]"); }
+
+TORCH_LIBRARY_IMPL(recdev, PrivateUse1, m) { m.impl("gather_tables", gather_tables); }
 
 }  // namespace recdev::kernels

@@ -28,6 +28,8 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <unordered_map>
@@ -47,12 +49,27 @@ store::TableHandle& table_of(const at::Tensor& weight) { return device::table_bl
 // The table of `weight`, which must have a fused optimizer to take a gradient.
 store::TableHandle& trained_table(const at::Tensor& weight) {
   store::TableHandle& table = table_of(weight);
-  TORCH_CHECK(table.optimizer().kind != store::OptimizerKind::None,
+  TORCH_CHECK(table.has_optimizer(),
               "recdev: this embedding weight is a store table with no fused optimizer, so backward has nowhere to put "
               "its gradient (a dense gradient would be as large as the whole table). Attach one before training: "
               "torch_recdev.optim.SGD / Adagrad / RowWiseAdagrad / Adam([weight], lr=...), or "
               "torch_recdev.optim.apply_optimizer_in_backward(torch.optim.Adagrad, [weight], {\"lr\": ...}).");
   return table;
+}
+
+// Whether a remote table's update may leave its answer to the end of the backward pass running it:
+// the autograd engine's final callback then reads the answers (TableHandle::wait_for_answers),
+// so the updates of every table in the pass cross the network together instead of a round trip
+// each, and backward() still raises a refused one. Outside a pass (the kernel called directly), and
+// for tables that apply an update before send_update returns, there is nothing to wait for.
+bool answer_at_end_of_backward(const store::TableHandle& table) {
+  return table.row_path_traits().answers_later && torch::autograd::get_current_graph_task_id() != -1;
+}
+
+void wait_at_end_of_backward(const at::Tensor& weight) {
+  // The storage keeps the table alive until the callback.
+  torch::autograd::Engine::get_default_engine().queue_callback(
+      [storage = weight.storage()] { device::table_block(storage)->table().wait_for_answers(); });
 }
 
 // Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the
@@ -64,7 +81,12 @@ void update_rows(const at::Tensor& weight, const std::vector<uint64_t>& rows, co
   // the table's own type, which the store widens to its compute type.
   const at::Tensor g = grads.to(device::scalar_type_of(table.dtype())).contiguous();
   const trace::Range range = device::update_range(table, rows.size(), 0);
-  table.update(rows.data(), rows.size(), g.const_data_ptr());
+  if (answer_at_end_of_backward(table)) {
+    table.send_update(rows.data(), rows.size(), g.const_data_ptr());
+    wait_at_end_of_backward(weight);
+  } else {
+    table.update(rows.data(), rows.size(), g.const_data_ptr());
+  }
 }
 
 // scale_grad_by_freq: each id's gradient divided by how often it occurs in
@@ -222,10 +244,15 @@ void update_from_bag_grads(const at::Tensor& weight, uint64_t first_row, const s
   const at::Tensor weights =
       per_sample_weights.defined() ? on_cpu(per_sample_weights).to(at::kFloat).contiguous() : at::Tensor();
   const trace::Range range = device::update_range(table, rows.size(), static_cast<size_t>(bag_grads.size(0)));
-  table.update_pooled(rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(),
-                      static_cast<size_t>(bag_grads.size(0)), static_cast<store::PoolingMode>(mode),
-                      weights.defined() ? weights.const_data_ptr<float>() : nullptr, include_last_offset,
-                      padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx, bag_grads.const_data_ptr());
+  const bool answer_later = answer_at_end_of_backward(table);
+  const auto update_pooled =
+      answer_later ? &store::TableHandle::send_update_pooled : &store::TableHandle::update_pooled;
+  (table.*update_pooled)(rows.data(), rows.size(), bag_offsets.const_data_ptr<int64_t>(),
+                         static_cast<size_t>(bag_grads.size(0)), static_cast<store::PoolingMode>(mode),
+                         weights.defined() ? weights.const_data_ptr<float>() : nullptr, include_last_offset,
+                         padding_idx < 0 ? -1 : static_cast<int64_t>(first_row) + padding_idx,
+                         bag_grads.const_data_ptr());
+  if (answer_later) wait_at_end_of_backward(weight);
 }
 
 // _embedding_bag's backward on a table: each id's share of its bag's gradient to the store. With the

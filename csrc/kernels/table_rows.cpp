@@ -112,4 +112,45 @@ at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor
   return out;
 }
 
+std::vector<at::Tensor> gather_tables(at::TensorList weights, at::TensorList indices) {
+  TORCH_CHECK(weights.size() == indices.size(), "torch_recdev.embeddings: ", indices.size(), " index tensors for ",
+              weights.size(), " tables; give one index tensor per table");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& weight = weights[i];
+    TORCH_CHECK(device::is_table(weight) && first_gatherable_row(weight) == 0 && weight.dim() == 2 &&
+                    weight.size(0) == static_cast<int64_t>(device::table_block(weight.storage())->table().num_rows()),
+                "torch_recdev.embeddings: table ", i, " is not a whole 2-D store table (got a ", weight.device().str(),
+                " tensor of shape ", weight.sizes(),
+                "); look up other weights, or slices of a table, with F.embedding");
+  }
+  std::vector<at::Tensor> outs;
+  std::vector<store::TableHandle*> sent;
+  try {
+    for (size_t i = 0; i < weights.size(); ++i) {
+      store::TableHandle& table = device::table_block(weights[i].storage())->table();
+      if (!table.row_path_traits().answers_later) {
+        outs.push_back(gather(weights[i], 0, indices[i], IdRule::Embedding, "embedding"));
+        continue;
+      }
+      const RowIds rows(indices[i], weights[i].size(0), 0, IdRule::Embedding, "embedding");
+      std::vector<int64_t> size = indices[i].sizes().vec();
+      size.push_back(weights[i].size(1));
+      outs.push_back(empty_host(size, weights[i].scalar_type()));
+      const trace::Range range = device::gather_range(table, rows.size());
+      table.send_gather(rows.data(), rows.size(), static_cast<float*>(device::cpu_view(outs.back()).data_ptr()));
+      sent.push_back(&table);
+    }
+    for (store::TableHandle* table : sent) table->wait_for_answers();
+  } catch (...) {
+    // No answer may land in an output once it is freed: every one is read before they go.
+    for (store::TableHandle* table : sent) {
+      try {
+        table->wait_for_answers();
+      } catch (...) {}
+    }
+    throw;
+  }
+  return outs;
+}
+
 }  // namespace recdev::kernels

@@ -57,4 +57,9 @@ at::Tensor empty_host(c10::IntArrayRef size, c10::ScalarType dtype);
 // weight[ids] for a gatherable table view: ids.shape + weight.shape[1:].
 at::Tensor gather(const at::Tensor& weight, uint64_t first_row, const at::Tensor& indices, IdRule rule, const char* op);
 
+// embedding(weights[i], indices[i]) for every i, every weight a whole table (torch_recdev.embeddings):
+// the requests of every table that answers later (a remote one) are sent before any answer is
+// awaited, so that the lookups of several remote tables cost one round trip, not one each.
+std::vector<at::Tensor> gather_tables(at::TensorList weights, at::TensorList indices);
+
 }  // namespace recdev::kernels

@@ -39,6 +39,9 @@ struct RowPathTraits {
   // lookup's ids is a repeat, table_policy.h). Otherwise a kernel may split a batch over PyTorch's
   // threads, as the table is safe for concurrent readers.
   bool one_request_per_batch = false;
+  // send_gather and send_update may return before the work is done, leaving their answers to
+  // wait_for_answers (a remote table): a backward pass then waits at its end.
+  bool answers_later = false;
 };
 
 // The row path: what kernels call on every step.
@@ -73,6 +76,21 @@ class TableRowPath {
                              PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                              int64_t padding_idx, const void* bag_grads) = 0;
   virtual uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const = 0;
+  // gather, update and update_pooled for a caller that reads the answers later, in
+  // wait_for_answers(): lookups of several tables (their requests cross the network together), or a
+  // backward pass, whose end waits for every table it updated. A remote table sends the requests and
+  // returns (its session's next request reads their answers first; out must stay alive until then);
+  // a table in this process does the work now.
+  virtual void send_gather(const uint64_t* ids, size_t n, float* out) { gather(ids, n, out); }
+  virtual void send_update(const uint64_t* ids, size_t n, const void* grads) { update(ids, n, grads); }
+  virtual void send_update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                                  PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                                  int64_t padding_idx, const void* bag_grads) {
+    update_pooled(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
+                  bag_grads);
+  }
+  // Reads the answers of every request sent and throws the first refusal or failure among them.
+  virtual void wait_for_answers() {}
 };
 
 // Administration: what the bindings and optimizers ask and set, rarely.
@@ -91,6 +109,8 @@ class TableAdministration {
 
   virtual void set_optimizer(const OptimizerConfig& config) = 0;
   virtual OptimizerConfig optimizer() const = 0;
+  // Whether an update has an optimizer to go to (backward asks before each one).
+  virtual bool has_optimizer() const { return optimizer().kind != OptimizerKind::None; }
   virtual void set_learning_rate(double lr) = 0;
   virtual uint64_t optimizer_step() const = 0;
   virtual void set_optimizer_step(uint64_t step) = 0;

@@ -29,7 +29,10 @@ MAY_INCLUDE = {
     TESTING: {"store", WIRE, "python"},
 }
 TORCH = re.compile(r"#include\s*<(torch|ATen|c10|caffe2)/")
-PYTHON = re.compile(r"#include\s*<(pybind11/|Python\.h|torch/extension\.h|torch/python\.h|torch/csrc/)")
+# torch/csrc/ is mostly the Python bindings; the autograd engine's C++ headers are not (a backward
+# pass's final callback, csrc/kernels/embedding_autograd.cpp).
+PYTHON = re.compile(r"#include\s*<(pybind11/|Python\.h|torch/extension\.h|torch/python\.h|"
+                    r"torch/csrc/(?!autograd/(engine|graph_task)\.h>))")
 LOCAL = re.compile(r'#include\s*"(net/\w+|python/testing|\w+)/')
 
 

@@ -180,6 +180,13 @@ void Exchange::open_profiler_ranges() {
 
 void Exchange::run(std::chrono::milliseconds timeout, const std::string& timeout_text) {
   open_profiler_ranges();
+  // Requests sent earlier on the same connection (RemoteSession::send_answer_later) failed it: the
+  // answers of these will not come either, and waiting for them would cost a timeout each.
+  for (Channel& channel : channels_) {
+    if (channel.connection->broken && channel.receiving()) {
+      fail(channel, "not answered: the connection failed under a request sent before it");
+    }
+  }
   auto last_progress = Clock::now();
   std::vector<pollfd> fds;
   std::vector<Channel*> polled;

@@ -200,26 +200,107 @@ void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::
 
 void RemoteSession::exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                                     const std::function<void(size_t)>& on_answer) {
-  if (read_only_) {
-    for (const Call& call : calls) {
-      if (changes_tables(call.opcode)) {
-        throw StoreError(ErrorCode::ReadOnly, std::string(opcode_name(uint8_t(call.opcode))) +
-                                                  " refused: this connection is read-only (torch_recdev.connect(..., "
-                                                  "read_only=True)); connect without read_only to change tables");
-      }
+  refuse_changes_if_read_only(calls);
+  {
+    // Each request sees the ones sent before it: the answers owed first (their refusal instead of
+    // this exchange, which is then not sent). Their lease goes back to the pools, unless this
+    // exchange is part of building a request to send on it.
+    std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+    if (building_owed_) {
+      finish_batches_owed();
+    } else {
+      read_answers_owed();
     }
   }
+  exchange_on(connections_for(lease, calls), calls, timeout_seconds, on_answer);
+}
+
+void RemoteSession::refuse_changes_if_read_only(const std::vector<Call>& calls) const {
+  if (!read_only_) return;
+  for (const Call& call : calls) {
+    if (changes_tables(call.opcode)) {
+      throw StoreError(ErrorCode::ReadOnly, std::string(opcode_name(uint8_t(call.opcode))) +
+                                                " refused: this connection is read-only (torch_recdev.connect(..., "
+                                                "read_only=True)); connect without read_only to change tables");
+    }
+  }
+}
+
+std::vector<ShardConnection*> RemoteSession::connections_for(Lease& lease, const std::vector<Call>& calls) const {
   std::vector<ShardConnection*> connections(links_.size(), nullptr);
   for (const Call& call : calls) {
     if (connections[call.shard] == nullptr) connections[call.shard] = &lease.connection(call.shard);
   }
-  exchange_on(connections, calls, timeout_seconds, on_answer);
+  return connections;
 }
 
 void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls,
                                 double timeout_seconds, const std::function<void(size_t)>& on_answer) {
   Exchange exchange(connections, calls, [this](size_t shard) { return describe(shard); }, on_answer);
   exchange.run(to_ms(timeout_seconds), seconds_text(timeout_seconds));
+}
+
+void RemoteSession::send_answer_later(const std::function<std::vector<Call>(Lease&)>& build,
+                                      std::function<void(const Call& call, size_t k)> on_answer) {
+  std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+  if (!owed_lease_) owed_lease_ = std::make_unique<Lease>(*this);
+  auto batch = std::make_unique<BatchOwed>();
+  try {
+    building_owed_ = true;
+    batch->calls = build(*owed_lease_);
+    building_owed_ = false;
+    refuse_changes_if_read_only(batch->calls);
+  } catch (...) {
+    building_owed_ = false;
+    if (batches_owed_.empty()) owed_lease_.reset();  // nothing owed: not kept out of the pools
+    throw;
+  }
+  // A frame must not start on a stream before the one ahead of it is whole: an earlier batch still
+  // sending (larger than the socket's buffer) is finished first.
+  const bool earlier_still_sending = std::any_of(batches_owed_.begin(), batches_owed_.end(), [](const auto& earlier) {
+    const std::vector<Exchange::Channel>& channels = earlier->exchange->channels();
+    return std::any_of(channels.begin(), channels.end(), [](const Exchange::Channel& c) { return c.sending(); });
+  });
+  if (earlier_still_sending) finish_batches_owed();
+  std::function<void(size_t)> handler;
+  if (on_answer) {
+    handler = [calls = &batch->calls, on_answer = std::move(on_answer)](size_t k) { on_answer((*calls)[k], k); };
+  }
+  batch->exchange = std::make_unique<Exchange>(
+      connections_for(*owed_lease_, batch->calls), batch->calls, [this](size_t shard) { return describe(shard); },
+      std::move(handler));
+  for (Exchange::Channel& channel : batch->exchange->channels()) batch->exchange->send(channel);
+  batches_owed_.push_back(std::move(batch));
+}
+
+void RemoteSession::finish_batches_owed() {
+  std::exception_ptr first;
+  size_t failed = 0;
+  for (const auto& batch : batches_owed_) {
+    try {
+      batch->exchange->run(to_ms(timeout_seconds_), seconds_text(timeout_seconds_));
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      ++failed;
+    }
+  }
+  batches_owed_.clear();
+  if (!first) return;
+  if (failed == 1) std::rethrow_exception(first);
+  try {
+    std::rethrow_exception(first);
+  } catch (const StoreError& e) {
+    throw StoreError(e.code(), std::string(e.what()) + " (and " + std::to_string(failed - 1) +
+                                   " more requests sent with it failed)");
+  }
+}
+
+void RemoteSession::read_answers_owed() {
+  std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+  // The connections go back to the pools whatever the answers: every one owed has been read (or the
+  // connection failed and is dropped).
+  const std::unique_ptr<Lease> lease = std::move(owed_lease_);
+  finish_batches_owed();
 }
 
 void RemoteSession::heartbeat() {

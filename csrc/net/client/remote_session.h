@@ -86,6 +86,21 @@ class RemoteSession {
   void exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                        const std::function<void(size_t call)>& on_answer = {});
 
+  // Requests whose answers are read later, for the updates of a backward pass: the tables of one
+  // pass then cross the network together, not a round trip each. build(lease) makes the calls on
+  // the session's lease for answers owed (it may exchange on it: that reads the answers owed first);
+  // they are sent now, after the ones sent before them, on one connection per shard, so a shard
+  // applies them in the order sent. Every exchange of this session reads the answers owed before it
+  // sends (and throws the first refusal among them instead), so each request still sees the ones
+  // sent before it.
+  // on_answer(call, k), if given, runs as each call's answer is read (an exception it throws counts
+  // as the call's error).
+  void send_answer_later(const std::function<std::vector<Call>(Lease&)>& build,
+                         std::function<void(const Call& call, size_t k)> on_answer = {});
+  // Reads every answer owed, gives the lease's connections back, and throws the first refused or
+  // failed call's error (saying how many more failed).
+  void read_answers_owed();
+
   template <class Response, class Request>
   Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {
     std::vector<Call> calls;
@@ -112,6 +127,11 @@ class RemoteSession {
   void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls, double timeout_seconds,
                    const std::function<void(size_t call)>& on_answer = {});
   void heartbeat();
+  void refuse_changes_if_read_only(const std::vector<Call>& calls) const;
+  std::vector<ShardConnection*> connections_for(Lease& lease, const std::vector<Call>& calls) const;
+  // Runs every batch sent with its answer owed to its end, in the order sent, then throws the first
+  // failed call's error, if any; keeps the lease. Under answers_owed_mutex_.
+  void finish_batches_owed();
 
   const std::vector<std::string> servers_;
   const std::string token_;
@@ -119,6 +139,18 @@ class RemoteSession {
   const bool read_only_;
   const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
   std::vector<std::unique_ptr<Link>> links_;
+
+  // The requests sent by send_answer_later whose answers are not read yet, in the order sent, with
+  // the lease whose connections carry them. Recursive: building a batch may exchange on that lease,
+  // and an exchange first reads the answers owed.
+  struct BatchOwed {
+    std::vector<Call> calls;
+    std::unique_ptr<Exchange> exchange;
+  };
+  std::recursive_mutex answers_owed_mutex_;
+  std::unique_ptr<Lease> owed_lease_;
+  bool building_owed_ = false;  // send_answer_later's build is running: owed_lease_ is in use
+  std::vector<std::unique_ptr<BatchOwed>> batches_owed_;
 
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,7 +51,7 @@ class RemoteTable final : public store::TableHandle {
   // in another order than CPU's); a batch goes whole, split by shard here.
   store::RowPathTraits row_path_traits() const override {
     const bool float32 = dtype() == store::ElementType::Float32;
-    return store::RowPathTraits{float32, float32, true};
+    return store::RowPathTraits{float32, float32, true, true};
   }
   uint64_t init_stream() const override;
 
@@ -76,6 +77,10 @@ class RemoteTable final : public store::TableHandle {
 
   void set_optimizer(const store::OptimizerConfig& config) override;
   store::OptimizerConfig optimizer() const override;
+  // Asks the shards until the table is seen with an optimizer, then takes it to keep one, so that a
+  // backward pass does not wait a round trip per table (were it removed by another client since, a
+  // shard refuses the update and says so).
+  bool has_optimizer() const override;
   void set_learning_rate(double lr) override;
   uint64_t optimizer_step() const override;
   void set_optimizer_step(uint64_t step) override;
@@ -98,6 +103,16 @@ class RemoteTable final : public store::TableHandle {
                      store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                      int64_t padding_idx, const void* bag_grads) override;
   uint32_t gather_state(const uint64_t* ids, size_t n, std::vector<float>& out) const override;
+  // update and update_pooled with their answers owed (RemoteSession::send_answer_later), read by
+  // wait_for_answers or by the session's next exchange.
+  void send_update(const uint64_t* ids, size_t n, const void* grads) override;
+  void send_update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                          store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                          int64_t padding_idx, const void* bag_grads) override;
+  // gather with its answers owed: rows land in out as they arrive, and are all there once
+  // wait_for_answers() (or the session's next exchange) has read them.
+  void send_gather(const uint64_t* ids, size_t n, float* out) override;
+  void wait_for_answers() override { session_->read_answers_owed(); }
   // DUMP from every shard (a point-in-time snapshot per shard) / a staged load committed on every
   // shard (remote_transfer.h).
   void scan_into(const std::function<store::RowArrays(const store::TableScanHeader&)>& allocate) const override;
@@ -136,17 +151,41 @@ class RemoteTable final : public store::TableHandle {
   // epoch moved), a named table is looked up there again and an anonymous one is reported lost.
   uint64_t table_id(RemoteSession::Lease& lease, size_t shard) const;
   std::vector<uint64_t> shard_table_ids(RemoteSession::Lease& lease) const;  // table_id of every shard
+  // update's checks, then its calls (one UPDATE per shard, empty ones included: each is one
+  // optimizer step), built on `lease`.
+  void check_update(const uint64_t* ids, size_t n, const void* grads) const;
+  std::vector<Call> update_calls(RemoteSession::Lease& lease, const Routed& routed, const void* grads) const;
+  // update_pooled's checks, then send(ids, n, grads) with the bags' gradients as one row per id.
+  void expand_bag_gradients(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                            store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                            int64_t padding_idx, const void* bag_grads,
+                            const std::function<void(const uint64_t* ids, size_t n, const float* grads)>& send) const;
   // The UPDATE (or a STAGE_UPDATE's rows) for one shard of a routed batch; refuses rows that do not
   // fit in one frame, since one optimizer step must be one request.
   RowsRequest gradients_for(RemoteSession::Lease& lease, const Routed& routed, size_t shard, const float* grads) const;
   // Ids per request so that a request or answer of `bytes_per_id` bytes per id stays within a frame.
   static size_t ids_per_request(size_t bytes_per_id);
-  // Sends `opcode` to every shard with the ids it owns (in chunks within a frame; no request for a
-  // shard with none) and hands each answer, with the batch positions of its ids, to `take`.
+  // A batch's ids by owning shard, in requests of ids within a frame (no request for a shard with
+  // none): for request k, the batch positions its answer fills.
+  struct FannedIds {
+    struct Piece {
+      size_t shard, begin, end;
+    };
+    Routed routed;
+    std::vector<Piece> pieces;
+    const size_t* positions(size_t k) const { return routed.positions[pieces[k].shard].data() + pieces[k].begin; }
+    size_t count(size_t k) const { return pieces[k].end - pieces[k].begin; }
+  };
+  FannedIds fan_out(const uint64_t* ids, size_t n, size_t answer_bytes_per_id) const;
+  std::vector<Call> fanned_calls(RemoteSession::Lease& lease, const FannedIds& fanned, Opcode opcode) const;
+  // Sends `opcode` with the fanned-out ids and hands each answer, with the batch positions of its
+  // ids, to `take`.
   template <class Take>
   void fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id, Take take) const;
   // gather (Opcode::Gather) and peek (Opcode::Peek): rows fetched from their shards into out.
   void fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const;
+  // Copies an answer's rows into their batch positions in out, a batch of n rows.
+  void copy_rows(const Call& call, const size_t* positions, size_t count, size_t n, float* out) const;
   // Sends one request of `opcode` with `message(table_id)` to every shard.
   template <class MakeMessage>
   void broadcast(Opcode opcode, MakeMessage message);
@@ -174,6 +213,7 @@ class RemoteTable final : public store::TableHandle {
   mutable std::vector<uint64_t> table_ids_;
   mutable std::vector<uint64_t> epochs_;
   mutable std::optional<store::TablePolicyConfig> known_policy_;
+  mutable std::atomic<bool> seen_optimizer_{false};
 };
 
 class RemoteStoreClient final : public store::StoreClient, public store::SyncSteps {

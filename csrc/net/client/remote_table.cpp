@@ -113,28 +113,35 @@ constexpr size_t kPipelinedAnswerBytes = size_t{1} << 20;
 
 }  // namespace
 
-template <class Take>
-void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id,
-                              Take take) const {
-  const Routed routed = route(ids, n);
+RemoteTable::FannedIds RemoteTable::fan_out(const uint64_t* ids, size_t n, size_t answer_bytes_per_id) const {
+  FannedIds fanned{route(ids, n), {}};
   const size_t bytes_per_id = std::max<size_t>(sizeof(uint64_t), answer_bytes_per_id);
   const size_t per_request =
       std::min(ids_per_request(bytes_per_id), std::max<size_t>(1, kPipelinedAnswerBytes / bytes_per_id));
-  struct Piece {
-    size_t shard, begin, end;
-  };
-  std::vector<Piece> pieces;
+  fanned.routed.for_each_piece(
+      per_request, [&](size_t shard, size_t begin, size_t end) { fanned.pieces.push_back({shard, begin, end}); });
+  return fanned;
+}
+
+std::vector<Call> RemoteTable::fanned_calls(RemoteSession::Lease& lease, const FannedIds& fanned, Opcode opcode) const {
   std::vector<Call> calls;
+  for (const FannedIds::Piece& piece : fanned.pieces) {
+    calls.push_back(make_call(
+        piece.shard, opcode,
+        IdsRequest{table_id(lease, piece.shard), dtype_, fanned.routed.piece(piece.shard, piece.begin, piece.end)}));
+  }
+  return calls;
+}
+
+template <class Take>
+void RemoteTable::fan_out_ids(const uint64_t* ids, size_t n, Opcode opcode, size_t answer_bytes_per_id,
+                              Take take) const {
+  const FannedIds fanned = fan_out(ids, n, answer_bytes_per_id);
   RemoteSession::Lease lease(*session_);
-  routed.for_each_piece(per_request, [&](size_t shard, size_t begin, size_t end) {
-    calls.push_back(
-        make_call(shard, opcode, IdsRequest{table_id(lease, shard), dtype_, routed.piece(shard, begin, end)}));
-    pieces.push_back({shard, begin, end});
-  });
+  std::vector<Call> calls = fanned_calls(lease, fanned, opcode);
   session_->exchange(lease, calls, [&](size_t k) {
-    const Piece& piece = pieces[k];
-    take(calls[k], routed.positions[piece.shard].data() + piece.begin, piece.end - piece.begin);
-    lease.connection(piece.shard).recycle(std::move(calls[k].response));
+    take(calls[k], fanned.positions(k), fanned.count(k));
+    lease.connection(calls[k].shard).recycle(std::move(calls[k].response));
   });
 }
 
@@ -155,7 +162,13 @@ TableInfoResponse RemoteTable::info(size_t shard) const {
 
 store::TableConfig RemoteTable::config() const { return info(0).table.config; }
 uint64_t RemoteTable::init_stream() const { return info(0).table.init_stream; }
-store::OptimizerConfig RemoteTable::optimizer() const { return info(0).table.optimizer; }
+store::OptimizerConfig RemoteTable::optimizer() const {
+  store::OptimizerConfig config = info(0).table.optimizer;
+  if (config.kind != store::OptimizerKind::None) seen_optimizer_ = true;
+  return config;
+}
+
+bool RemoteTable::has_optimizer() const { return seen_optimizer_ || optimizer().kind != store::OptimizerKind::None; }
 uint64_t RemoteTable::optimizer_step() const { return info(0).table.optimizer_step; }
 
 std::vector<TableInfoResponse> RemoteTable::infos() const {
@@ -201,6 +214,7 @@ void RemoteTable::set_init(const store::InitRule& rule) {
 void RemoteTable::set_optimizer(const store::OptimizerConfig& config) {
   store::validate_optimizer(config);
   broadcast(Opcode::SetOptimizer, [&](uint64_t id) { return SetOptimizerRequest{id, config}; });
+  seen_optimizer_ = config.kind != store::OptimizerKind::None;
 }
 
 void RemoteTable::set_learning_rate(double lr) {
@@ -211,20 +225,35 @@ void RemoteTable::set_optimizer_step(uint64_t step) {
   broadcast(Opcode::SetStep, [&](uint64_t id) { return SetStepRequest{id, step}; });
 }
 
-void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const {
-  check_ids(ids, n);
+void RemoteTable::copy_rows(const Call& call, const size_t* positions, size_t count, size_t n, float* out) const {
   const size_t row_bytes = size_t{row_words_} * sizeof(float);
   const store::RowCopier copier(out, n * row_bytes, row_bytes);
-  fan_out_ids(ids, n, opcode, row_bytes, [&](const Call& call, const size_t* positions, size_t count) {
-    const float* rows = rows_in(call, count, row_words_);
-    for (size_t k = 0; k < count; ++k) copier.copy(out + positions[k] * row_words_, rows + k * row_words_);
-  });
+  const float* rows = rows_in(call, count, row_words_);
+  for (size_t k = 0; k < count; ++k) copier.copy(out + positions[k] * row_words_, rows + k * row_words_);
+}
+
+void RemoteTable::fetch_rows(const uint64_t* ids, size_t n, float* out, Opcode opcode) const {
+  check_ids(ids, n);
+  fan_out_ids(
+      ids, n, opcode, size_t{row_words_} * sizeof(float),
+      [&](const Call& call, const size_t* positions, size_t count) { copy_rows(call, positions, count, n, out); });
 }
 
 void RemoteTable::gather(const uint64_t* ids, size_t n, float* out) {
   check_ids(ids, n);
   check_every_shard(ids, n, store::Touch::Lookup);
   fetch_rows(ids, n, out, Opcode::Gather);
+}
+
+void RemoteTable::send_gather(const uint64_t* ids, size_t n, float* out) {
+  check_ids(ids, n);
+  check_every_shard(ids, n, store::Touch::Lookup);
+  // Owned by the answers' handler, which runs once the caller has returned.
+  auto fanned = std::make_shared<const FannedIds>(fan_out(ids, n, size_t{row_words_} * sizeof(float)));
+  session_->send_answer_later([&](RemoteSession::Lease& lease) { return fanned_calls(lease, *fanned, Opcode::Gather); },
+                              [this, fanned, n, out](const Call& call, size_t k) {
+                                copy_rows(call, fanned->positions(k), fanned->count(k), n, out);
+                              });
 }
 
 void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const { fetch_rows(ids, n, out, Opcode::Peek); }
@@ -291,9 +320,10 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   session_->exchange(lease, calls);
 }
 
-void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
-                                store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                                int64_t padding_idx, const void* bag_grads) {
+void RemoteTable::expand_bag_gradients(
+    const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, store::PoolingMode mode,
+    const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, const void* bag_grads,
+    const std::function<void(const uint64_t* ids, size_t n, const float* grads)>& send) const {
   const store::EmbeddingBag bag{ids,        num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights,
                                 padding_idx};
   store::validate_embedding_bag(bag, num_rows_);
@@ -310,7 +340,23 @@ void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64
   for (size_t i = 0; i < pooled.size(); ++i) {
     std::copy_n(pooled.rows()[i], row_words_, grads.data() + i * row_words_);
   }
-  update(pooled.ids(), pooled.size(), grads.data());
+  send(pooled.ids(), pooled.size(), grads.data());
+}
+
+void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                                store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                                int64_t padding_idx, const void* bag_grads) {
+  expand_bag_gradients(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
+                       bag_grads,
+                       [this](const uint64_t* rows, size_t n, const float* grads) { update(rows, n, grads); });
+}
+
+void RemoteTable::send_update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
+                                     store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
+                                     int64_t padding_idx, const void* bag_grads) {
+  expand_bag_gradients(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
+                       bag_grads,
+                       [this](const uint64_t* rows, size_t n, const float* grads) { send_update(rows, n, grads); });
 }
 
 std::vector<uint64_t> RemoteTable::shard_table_ids(RemoteSession::Lease& lease) const {
@@ -389,22 +435,37 @@ RowsRequest RemoteTable::gradients_for(RemoteSession::Lease& lease, const Routed
   return request;
 }
 
-void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads_in) {
+void RemoteTable::check_update(const uint64_t* ids, size_t n, const void* grads) const {
   check_ids(ids, n);
   // The store's checks, here, so that no shard applies a batch another would refuse.
   store::check_update_gradients(dtype_, uint32_t(uint64_t{row_words_} * 4 / store::element_bytes(dtype_)), ids, n,
-                                grads_in, label());
+                                grads, label());
   check_every_shard(ids, n, store::Touch::Update);
-  const Routed routed = route(ids, n);
+}
+
+std::vector<Call> RemoteTable::update_calls(RemoteSession::Lease& lease, const Routed& routed,
+                                            const void* grads) const {
   // Gradients travel as the table's words (its element type), as rows do.
-  const auto* grads = static_cast<const float*>(grads_in);
-  RemoteSession::Lease lease(*session_);
   std::vector<Call> calls;
-  // One request per shard, empty ones included: each UPDATE is one optimizer step.
   for (size_t shard = 0; shard < routed.ids.size(); ++shard) {
-    calls.push_back(make_call(shard, Opcode::Update, gradients_for(lease, routed, shard, grads)));
+    calls.push_back(
+        make_call(shard, Opcode::Update, gradients_for(lease, routed, shard, static_cast<const float*>(grads))));
   }
+  return calls;
+}
+
+void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads) {
+  check_update(ids, n, grads);
+  const Routed routed = route(ids, n);
+  RemoteSession::Lease lease(*session_);
+  std::vector<Call> calls = update_calls(lease, routed, grads);
   session_->exchange(lease, calls);
+}
+
+void RemoteTable::send_update(const uint64_t* ids, size_t n, const void* grads) {
+  check_update(ids, n, grads);
+  const Routed routed = route(ids, n);
+  session_->send_answer_later([&](RemoteSession::Lease& lease) { return update_calls(lease, routed, grads); });
 }
 
 void RemoteTable::stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads,
