@@ -16,6 +16,7 @@
 #include "device/store_ranges.h"
 #include "table_rows.h"
 
+#include "store/errors.h"
 #include "store/table_handle.h"
 
 #include <ATen/OpMathType.h>
@@ -32,6 +33,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -66,10 +68,61 @@ bool answer_at_end_of_backward(const store::TableHandle& table) {
   return table.row_path_traits().answers_later && torch::autograd::get_current_graph_task_id() != -1;
 }
 
+// The tables each running backward pass sent updates to, by graph task: one final callback per
+// pass reads every table's answers before it throws the first failure (the engine runs no callback
+// after one that throws). Weak: a pass that fails before its callbacks leaves no table alive.
+struct PassesSending {
+  std::mutex mutex;
+  std::unordered_map<int, std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>> tables;
+};
+
+PassesSending& passes_sending() {
+  static PassesSending passes;
+  return passes;
+}
+
+void wait_for_the_pass(int pass) {
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> tables;
+  {
+    std::lock_guard<std::mutex> lock(passes_sending().mutex);
+    const auto found = passes_sending().tables.find(pass);
+    if (found == passes_sending().tables.end()) return;
+    tables = std::move(found->second);
+    passes_sending().tables.erase(found);
+  }
+  std::exception_ptr first;
+  size_t failed = 0;
+  for (const auto& weak : tables) {
+    const c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock();
+    if (!storage) continue;
+    try {
+      device::table_block(c10::Storage(storage))->table().wait_for_answers();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+      ++failed;
+    }
+  }
+  if (failed <= 1) {
+    if (first) std::rethrow_exception(first);
+    return;
+  }
+  try {
+    std::rethrow_exception(first);
+  } catch (const store::StoreError& e) {
+    throw store::StoreError(e.code(), std::string(e.what()) + " (and the updates of " + std::to_string(failed - 1) +
+                                          " more tables in this backward failed)");
+  }
+}
+
 void wait_at_end_of_backward(const at::Tensor& weight) {
-  // The storage keeps the table alive until the callback.
-  torch::autograd::Engine::get_default_engine().queue_callback(
-      [storage = weight.storage()] { device::table_block(storage)->table().wait_for_answers(); });
+  const int pass = torch::autograd::get_current_graph_task_id();
+  {
+    std::lock_guard<std::mutex> lock(passes_sending().mutex);
+    auto [entry, first_in_pass] = passes_sending().tables.try_emplace(pass);
+    entry->second.push_back(weight.storage().getWeakStorageImpl());
+    if (!first_in_pass) return;
+  }
+  torch::autograd::Engine::get_default_engine().queue_callback([pass] { wait_for_the_pass(pass); });
 }
 
 // Sends per-row gradients (rows[i] gets grads[i], any duplicates) to the

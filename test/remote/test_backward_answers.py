@@ -4,6 +4,7 @@ as on the embedded store, a table updated twice in one pass must take its update
 shard that does not answer must make backward() raise, naming it, with the session usable after."""
 
 import signal
+import threading
 import time
 
 import pytest
@@ -71,8 +72,8 @@ def test_a_shard_that_does_not_answer_fails_backward_naming_it(start_shards):
     try:
         start = time.monotonic()
         # Every table's update went out before the first answer was awaited: the three to shard 0 fail.
-        with pytest.raises(Exception, match=r"\(shard 0 of 2\), UPDATE: no answer within 1.5 s .*and 2 more "
-                                            r"requests sent with it failed") as failure:
+        with pytest.raises(Exception, match=r"\(shard 0 of 2\), UPDATE: no answer within 1.5 s .*and the updates "
+                                            r"of 2 more tables in this backward failed") as failure:
             loss.backward()
         assert isinstance(failure.value, (ConnectionError, RuntimeError))
         # One timeout, not one per request: the later ones fail with the connection.
@@ -88,3 +89,43 @@ def test_a_shard_that_does_not_answer_fails_backward_naming_it(start_shards):
         route = wire.route_key_of_name(f"answers_hung.{name}")
         on_shard_0 = sum(wire.owner_shard(route, int(i), 2) == 0 for i in ids)
         assert torch_recdev.table_stats(table)["updates"] in (3 * ids.numel(), 3 * ids.numel() - on_shard_0)
+
+
+class _ReadFromAnotherThread(torch.autograd.Function):
+    """The identity, whose backward has another thread read from the store: made before the
+    lookups, it runs after their updates are sent and before the pass's end reads their answers."""
+
+    @staticmethod
+    def forward(ctx, x, read):
+        ctx.read = read
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        outcome = []
+        thread = threading.Thread(target=lambda: outcome.append(ctx.read()))
+        thread.start()
+        thread.join()
+        assert outcome, "the other thread's read failed"
+        return grad, None
+
+
+def test_a_failure_read_by_another_thread_still_fails_backward(start_shards):
+    """Another thread's request reads the answers owed before it is sent; a failed update among them
+    is still backward's to raise (it was the other thread's, and backward returned as if applied)."""
+    servers = start_shards(2)
+    torch_recdev.connect(local_shards.server_list(servers), timeout=1.5)
+    table, other = make_tables("answers_threads")[:2]
+    ids = torch.arange(0, 1000, 3)
+    F.embedding(ids, table).cpu().sum().backward()
+    on_shard_1 = torch.tensor(wire.owned_ids(wire.route_key_of_name("answers_threads.b"), 1, 2, 8))
+    scale = _ReadFromAnotherThread.apply(torch.ones(1, requires_grad=True),
+                                         lambda: ops.emb_read(other, on_shard_1))  # shard 1 only
+    loss = F.embedding(ids, table).cpu().sum() * scale
+    stop_process(servers[0].proc)
+    try:
+        with pytest.raises(Exception, match=r"\(shard 0 of 2\), UPDATE: no answer within 1.5 s"):
+            loss.backward()
+    finally:
+        servers[0].proc.send_signal(signal.SIGCONT)
+    F.embedding(ids, table).cpu().sum().backward()  # the session goes on

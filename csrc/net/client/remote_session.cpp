@@ -202,15 +202,12 @@ void RemoteSession::exchange_within(Lease& lease, std::vector<Call>& calls, doub
                                     const std::function<void(size_t)>& on_answer) {
   refuse_changes_if_read_only(calls);
   {
-    // Each request sees the ones sent before it: the answers owed first (their refusal instead of
-    // this exchange, which is then not sent). Their lease goes back to the pools, unless this
-    // exchange is part of building a request to send on it.
+    // Each request sees the ones sent before it: the answers owed first (a failure among them is
+    // their owner's to report, not this exchange's). Their lease goes back to the pools, unless
+    // this exchange is part of building a request to send on it.
     std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
-    if (building_owed_) {
-      finish_batches_owed();
-    } else {
-      read_answers_owed();
-    }
+    finish_batches_owed();
+    if (!building_owed_) owed_lease_.reset();
   }
   exchange_on(connections_for(lease, calls), calls, timeout_seconds, on_answer);
 }
@@ -240,11 +237,12 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
   exchange.run(to_ms(timeout_seconds), seconds_text(timeout_seconds));
 }
 
-void RemoteSession::send_answer_later(const std::function<std::vector<Call>(Lease&)>& build,
+void RemoteSession::send_answer_later(const void* owner, const std::function<std::vector<Call>(Lease&)>& build,
                                       std::function<void(const Call& call, size_t k)> on_answer) {
   std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
   if (!owed_lease_) owed_lease_ = std::make_unique<Lease>(*this);
   auto batch = std::make_unique<BatchOwed>();
+  batch->owner = owner;
   try {
     building_owed_ = true;
     batch->calls = build(*owed_lease_);
@@ -274,33 +272,35 @@ void RemoteSession::send_answer_later(const std::function<std::vector<Call>(Leas
 }
 
 void RemoteSession::finish_batches_owed() {
-  std::exception_ptr first;
-  size_t failed = 0;
   for (const auto& batch : batches_owed_) {
     try {
       batch->exchange->run(to_ms(timeout_seconds_), seconds_text(timeout_seconds_));
     } catch (...) {
-      if (!first) first = std::current_exception();
-      ++failed;
+      FailuresKept& kept = failures_kept_[batch->owner];
+      if (!kept.first) kept.first = std::current_exception();
+      ++kept.count;
     }
   }
   batches_owed_.clear();
-  if (!first) return;
-  if (failed == 1) std::rethrow_exception(first);
-  try {
-    std::rethrow_exception(first);
-  } catch (const StoreError& e) {
-    throw StoreError(e.code(), std::string(e.what()) + " (and " + std::to_string(failed - 1) +
-                                   " more requests sent with it failed)");
-  }
 }
 
-void RemoteSession::read_answers_owed() {
+void RemoteSession::read_answers_owed(const void* owner) {
   std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
-  // The connections go back to the pools whatever the answers: every one owed has been read (or the
-  // connection failed and is dropped).
-  const std::unique_ptr<Lease> lease = std::move(owed_lease_);
   finish_batches_owed();
+  // The connections go back to the pools: every answer owed has been read (or its connection failed
+  // and is dropped).
+  if (!building_owed_) owed_lease_.reset();
+  const auto kept = failures_kept_.find(owner);
+  if (kept == failures_kept_.end()) return;
+  const FailuresKept failures = kept->second;
+  failures_kept_.erase(kept);
+  if (failures.count == 1) std::rethrow_exception(failures.first);
+  try {
+    std::rethrow_exception(failures.first);
+  } catch (const StoreError& e) {
+    throw StoreError(e.code(), std::string(e.what()) + " (and " + std::to_string(failures.count - 1) +
+                                   " more requests sent with it failed)");
+  }
 }
 
 void RemoteSession::heartbeat() {

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "exchange.h"
@@ -86,20 +87,20 @@ class RemoteSession {
   void exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                        const std::function<void(size_t call)>& on_answer = {});
 
-  // Requests whose answers are read later, for the updates of a backward pass: the tables of one
-  // pass then cross the network together, not a round trip each. build(lease) makes the calls on
-  // the session's lease for answers owed (it may exchange on it: that reads the answers owed first);
-  // they are sent now, after the ones sent before them, on one connection per shard, so a shard
-  // applies them in the order sent. Every exchange of this session reads the answers owed before it
-  // sends (and throws the first refusal among them instead), so each request still sees the ones
-  // sent before it.
-  // on_answer(call, k), if given, runs as each call's answer is read (an exception it throws counts
-  // as the call's error).
-  void send_answer_later(const std::function<std::vector<Call>(Lease&)>& build,
+  // Requests whose answers are read later, for the updates of a backward pass and lookups of several
+  // tables: they then cross the network together, not a round trip each. build(lease) makes the
+  // calls on the session's lease for answers owed (it may exchange on it: that reads the answers
+  // owed first); they are sent now, after the ones sent before them, on one connection per shard, so
+  // a shard applies them in the order sent. Every exchange of this session reads the answers owed
+  // before it sends, so each request still sees the ones sent before it. A failure among them is
+  // kept for `owner` (the table that sent them), whichever thread read it: read_answers_owed(owner)
+  // throws it. on_answer(call, k), if given, runs as each call's answer is read (an exception it
+  // throws counts as the call's error).
+  void send_answer_later(const void* owner, const std::function<std::vector<Call>(Lease&)>& build,
                          std::function<void(const Call& call, size_t k)> on_answer = {});
-  // Reads every answer owed, gives the lease's connections back, and throws the first refused or
-  // failed call's error (saying how many more failed).
-  void read_answers_owed();
+  // Reads every answer owed, gives the lease's connections back, and throws the first failure kept
+  // for `owner` (saying how many more of its requests failed).
+  void read_answers_owed(const void* owner);
 
   template <class Response, class Request>
   Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {
@@ -129,8 +130,8 @@ class RemoteSession {
   void heartbeat();
   void refuse_changes_if_read_only(const std::vector<Call>& calls) const;
   std::vector<ShardConnection*> connections_for(Lease& lease, const std::vector<Call>& calls) const;
-  // Runs every batch sent with its answer owed to its end, in the order sent, then throws the first
-  // failed call's error, if any; keeps the lease. Under answers_owed_mutex_.
+  // Runs every batch sent with its answer owed to its end, in the order sent, keeping each failure
+  // for the batch's owner; keeps the lease. Under answers_owed_mutex_.
   void finish_batches_owed();
 
   const std::vector<std::string> servers_;
@@ -144,13 +145,19 @@ class RemoteSession {
   // the lease whose connections carry them. Recursive: building a batch may exchange on that lease,
   // and an exchange first reads the answers owed.
   struct BatchOwed {
+    const void* owner;
     std::vector<Call> calls;
     std::unique_ptr<Exchange> exchange;
+  };
+  struct FailuresKept {
+    std::exception_ptr first;
+    size_t count = 0;
   };
   std::recursive_mutex answers_owed_mutex_;
   std::unique_ptr<Lease> owed_lease_;
   bool building_owed_ = false;  // send_answer_later's build is running: owed_lease_ is in use
   std::vector<std::unique_ptr<BatchOwed>> batches_owed_;
+  std::unordered_map<const void*, FailuresKept> failures_kept_;  // by owner, until it reads them
 
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;

@@ -112,7 +112,7 @@ class RemoteTable final : public store::TableHandle {
   // gather with its answers owed: rows land in out as they arrive, and are all there once
   // wait_for_answers() (or the session's next exchange) has read them.
   void send_gather(const uint64_t* ids, size_t n, float* out) override;
-  void wait_for_answers() override { session_->read_answers_owed(); }
+  void wait_for_answers() override { session_->read_answers_owed(this); }
   // DUMP from every shard (a point-in-time snapshot per shard) / a staged load committed on every
   // shard (remote_transfer.h).
   void scan_into(const std::function<store::RowArrays(const store::TableScanHeader&)>& allocate) const override;

@@ -250,10 +250,11 @@ void RemoteTable::send_gather(const uint64_t* ids, size_t n, float* out) {
   check_every_shard(ids, n, store::Touch::Lookup);
   // Owned by the answers' handler, which runs once the caller has returned.
   auto fanned = std::make_shared<const FannedIds>(fan_out(ids, n, size_t{row_words_} * sizeof(float)));
-  session_->send_answer_later([&](RemoteSession::Lease& lease) { return fanned_calls(lease, *fanned, Opcode::Gather); },
-                              [this, fanned, n, out](const Call& call, size_t k) {
-                                copy_rows(call, fanned->positions(k), fanned->count(k), n, out);
-                              });
+  session_->send_answer_later(
+      this, [&](RemoteSession::Lease& lease) { return fanned_calls(lease, *fanned, Opcode::Gather); },
+      [this, fanned, n, out](const Call& call, size_t k) {
+        copy_rows(call, fanned->positions(k), fanned->count(k), n, out);
+      });
 }
 
 void RemoteTable::peek(const uint64_t* ids, size_t n, float* out) const { fetch_rows(ids, n, out, Opcode::Peek); }
@@ -465,7 +466,7 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads) {
 void RemoteTable::send_update(const uint64_t* ids, size_t n, const void* grads) {
   check_update(ids, n, grads);
   const Routed routed = route(ids, n);
-  session_->send_answer_later([&](RemoteSession::Lease& lease) { return update_calls(lease, routed, grads); });
+  session_->send_answer_later(this, [&](RemoteSession::Lease& lease) { return update_calls(lease, routed, grads); });
 }
 
 void RemoteTable::stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads,
