@@ -276,6 +276,7 @@ void RemoteSession::finish_batches_owed() {
     try {
       batch->exchange->run(to_ms(timeout_seconds_), seconds_text(timeout_seconds_));
     } catch (...) {
+      if (batch->owner == nullptr) continue;  // its owner is gone (forget_owner)
       FailuresKept& kept = failures_kept_[batch->owner];
       if (!kept.first) kept.first = std::current_exception();
       ++kept.count;
@@ -301,6 +302,14 @@ void RemoteSession::read_answers_owed(const void* owner) {
     throw StoreError(e.code(), std::string(e.what()) + " (and " + std::to_string(failures.count - 1) +
                                    " more requests sent with it failed)");
   }
+}
+
+void RemoteSession::forget_owner(const void* owner) {
+  std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+  for (const auto& batch : batches_owed_) {
+    if (batch->owner == owner) batch->owner = nullptr;
+  }
+  failures_kept_.erase(owner);
 }
 
 void RemoteSession::heartbeat() {

@@ -101,6 +101,9 @@ class RemoteSession {
   // Reads every answer owed, gives the lease's connections back, and throws the first failure kept
   // for `owner` (saying how many more of its requests failed).
   void read_answers_owed(const void* owner);
+  // For an owner that goes away: its failures are dropped, and those of its requests still owed
+  // will be too (no later owner at the same address gets them).
+  void forget_owner(const void* owner);
 
   template <class Response, class Request>
   Response call(Lease& lease, size_t shard, Opcode opcode, const Request& request) {

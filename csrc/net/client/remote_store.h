@@ -39,6 +39,10 @@ class RemoteTable final : public store::TableHandle {
               uint64_t num_rows, uint32_t dim, store::ElementType dtype, std::vector<uint64_t> table_ids,
               std::vector<uint64_t> epochs);
 
+  ~RemoteTable() override { session_->forget_owner(this); }
+  RemoteTable(const RemoteTable&) = delete;
+  RemoteTable& operator=(const RemoteTable&) = delete;
+
   const std::string& name() const { return name_; }  // empty for an anonymous table
 
   uint64_t id() const override { return client_id_; }
