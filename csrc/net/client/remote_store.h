@@ -159,11 +159,10 @@ class RemoteTable final : public store::TableHandle {
   // optimizer step), built on `lease`.
   void check_update(const uint64_t* ids, size_t n, const void* grads) const;
   std::vector<Call> update_calls(RemoteSession::Lease& lease, const Routed& routed, const void* grads) const;
-  // update_pooled's checks, then send(ids, n, grads) with the bags' gradients as one row per id.
-  void expand_bag_gradients(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
-                            store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
-                            int64_t padding_idx, const void* bag_grads,
-                            const std::function<void(const uint64_t* ids, size_t n, const float* grads)>& send) const;
+  // update_pooled's checks, then `send` (update or send_update) with the bags' gradients as one row
+  // per id.
+  void expand_bag_gradients(const store::EmbeddingBag& bag, const void* bag_grads,
+                            void (RemoteTable::*send)(const uint64_t* ids, size_t n, const void* grads));
   // The UPDATE (or a STAGE_UPDATE's rows) for one shard of a routed batch; refuses rows that do not
   // fit in one frame, since one optimizer step must be one request.
   RowsRequest gradients_for(RemoteSession::Lease& lease, const Routed& routed, size_t shard, const float* grads) const;

@@ -321,14 +321,10 @@ void RemoteTable::write(const uint64_t* ids, size_t n, const float* rows) {
   session_->exchange(lease, calls);
 }
 
-void RemoteTable::expand_bag_gradients(
-    const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags, store::PoolingMode mode,
-    const float* per_sample_weights, bool include_last_offset, int64_t padding_idx, const void* bag_grads,
-    const std::function<void(const uint64_t* ids, size_t n, const float* grads)>& send) const {
-  const store::EmbeddingBag bag{ids,        num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights,
-                                padding_idx};
+void RemoteTable::expand_bag_gradients(const store::EmbeddingBag& bag, const void* bag_grads,
+                                       void (RemoteTable::*send)(const uint64_t*, size_t, const void*)) {
   store::validate_embedding_bag(bag, num_rows_);
-  if (mode == store::PoolingMode::Max) {
+  if (bag.mode == store::PoolingMode::Max) {
     throw StoreError(ErrorCode::InvalidArgument, "update_pooled of " + label() + ": max bags need per-id gradients");
   }
   if (dtype() != store::ElementType::Float32) {
@@ -341,23 +337,21 @@ void RemoteTable::expand_bag_gradients(
   for (size_t i = 0; i < pooled.size(); ++i) {
     std::copy_n(pooled.rows()[i], row_words_, grads.data() + i * row_words_);
   }
-  send(pooled.ids(), pooled.size(), grads.data());
+  (this->*send)(pooled.ids(), pooled.size(), grads.data());
 }
 
 void RemoteTable::update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                 store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                                 int64_t padding_idx, const void* bag_grads) {
-  expand_bag_gradients(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
-                       bag_grads,
-                       [this](const uint64_t* rows, size_t n, const float* grads) { update(rows, n, grads); });
+  expand_bag_gradients({ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx},
+                       bag_grads, &RemoteTable::update);
 }
 
 void RemoteTable::send_update_pooled(const uint64_t* ids, size_t num_ids, const int64_t* offsets, size_t num_bags,
                                      store::PoolingMode mode, const float* per_sample_weights, bool include_last_offset,
                                      int64_t padding_idx, const void* bag_grads) {
-  expand_bag_gradients(ids, num_ids, offsets, num_bags, mode, per_sample_weights, include_last_offset, padding_idx,
-                       bag_grads,
-                       [this](const uint64_t* rows, size_t n, const float* grads) { send_update(rows, n, grads); });
+  expand_bag_gradients({ids, num_ids, offsets, num_bags, include_last_offset, mode, per_sample_weights, padding_idx},
+                       bag_grads, &RemoteTable::send_update);
 }
 
 std::vector<uint64_t> RemoteTable::shard_table_ids(RemoteSession::Lease& lease) const {
