@@ -35,25 +35,38 @@ __attribute__((target("avx512f"))) void stream_row_avx512(void* dest, const void
 
 }  // namespace
 
-RowCopier::RowCopier(const void* output, size_t output_bytes, size_t row_bytes) : row_bytes_(row_bytes) {
-  if (output_bytes < kStreamingOutputBytes) return;
-  // Every row must start at a multiple of the store width (the instructions require it).
-  const auto fits = [&](size_t width) {
-    return reinterpret_cast<uintptr_t>(output) % width == 0 && row_bytes % width == 0;
-  };
+template <class Fits>
+size_t RowCopier::choose_stream(Fits fits) {
 #ifdef RECDEV_STORE_AVX2_KERNELS
   if (cpu_has_avx512f() && fits(64)) {
     stream_ = &stream_row_avx512;
-    return;
+    return 64;
   }
   if (cpu_has_avx2() && fits(32)) {
     stream_ = &stream_row_avx2;
-    return;
+    return 32;
   }
 #endif
 #if defined(__SSE2__)
-  if (fits(16)) stream_ = &stream_row_sse2;
+  if (fits(16)) {
+    stream_ = &stream_row_sse2;
+    return 16;
+  }
 #endif
+  return 0;
+}
+
+RowCopier::RowCopier(const void* output, size_t output_bytes, size_t row_bytes) : row_bytes_(row_bytes) {
+  if (output_bytes < kStreamingOutputBytes) return;
+  // Every row must start at a multiple of the store width (the instructions require it).
+  choose_stream(
+      [&](size_t width) { return reinterpret_cast<uintptr_t>(output) % width == 0 && row_bytes % width == 0; });
+}
+
+RowCopier::RowCopier(ScatteredRows, size_t output_bytes, size_t row_bytes) : row_bytes_(row_bytes) {
+  if (output_bytes < kStreamingOutputBytes) return;
+  const size_t width = choose_stream([&](size_t candidate) { return row_bytes % candidate == 0; });
+  if (width != 0) misaligned_ = width - 1;
 }
 
 RowCopier::~RowCopier() {

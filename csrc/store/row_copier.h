@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 namespace recdev::store {
@@ -24,6 +25,10 @@ class RowCopier {
  public:
   // For an output of output_bytes in all, starting at `output`, whose rows are row_bytes apart.
   RowCopier(const void* output, size_t output_bytes, size_t row_bytes);
+  // For output_bytes in all of rows anywhere (records of a table being filled): a row streams if it
+  // starts at a multiple of the store width, and is copied with ordinary stores otherwise.
+  struct ScatteredRows {};
+  RowCopier(ScatteredRows, size_t output_bytes, size_t row_bytes);
   // Orders the streaming stores before whatever the thread stores next.
   ~RowCopier();
   RowCopier(const RowCopier&) = delete;
@@ -31,7 +36,7 @@ class RowCopier {
 
   // Copies one row to `dest`, a row of the output.
   void copy(void* dest, const void* row) const {
-    if (stream_ != nullptr) {
+    if (stream_ != nullptr && (reinterpret_cast<uintptr_t>(dest) & misaligned_) == 0) {
       stream_(dest, row, row_bytes_);
     } else {
       std::memcpy(dest, row, row_bytes_);
@@ -40,8 +45,12 @@ class RowCopier {
 
  private:
   using StreamRow = void (*)(void* dest, const void* row, size_t bytes);
+  // The widest streaming store this CPU has for which fits(width) holds; returns its width (0: none).
+  template <class Fits>
+  size_t choose_stream(Fits fits);
   size_t row_bytes_;
   StreamRow stream_ = nullptr;  // none: ordinary stores
+  uintptr_t misaligned_ = 0;    // the address bits that must be 0 for stream_ (scattered rows only)
 };
 
 }  // namespace recdev::store

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "errors.h"
+#include "row_copier.h"
 #include "table_internals.h"
 #include "task_runner.h"
 
@@ -51,16 +52,27 @@ std::optional<size_t> RowSet::insert_all(const uint64_t* ids, const float* recor
   // Per sub-shard, the first repeat in batch order (entries keep it within a sub-shard).
   std::array<size_t, kNumShards> first_repeat;
   first_repeat.fill(n);
+  // A sub-shard's entries are about every kNumShards-th row of the batch, so each one's bucket and
+  // source record are misses of their own, prefetched ahead (a torch.load of 10^6 rows of 64 floats
+  // spent 41% of its time in these lookups without).
+  // The records go in with streaming stores (row_copier.h): a bulk load's records are not read soon.
+  const size_t records_before = records_ahead(record_bytes);
   run_tasks(kNumShards, threads_for(n, kCopyRowsPerThread), [&](size_t s) {
-    shards_[s].reserve(shards_[s].size() + (route.end(s) - route.begin(s)));
+    const RowCopier copier(RowCopier::ScatteredRows{}, n * record_bytes, record_bytes);
+    RowIndex& index = shards_[s];
+    index.reserve(index.size() + (route.end(s) - route.begin(s)));
     for (size_t entry = route.begin(s); entry < route.end(s); ++entry) {
+      if (entry + kBucketAhead < route.end(s)) index.prefetch_bucket(route.hash(entry + kBucketAhead));
+      if (entry + records_before < route.end(s)) {
+        prefetch_range(records + route.position(entry + records_before) * size_t{record_words_}, record_bytes);
+      }
       const size_t position = route.position(entry);
-      const auto [record, created] = shards_[s].find_or_insert(ids[position], route.hash(entry));
+      const auto [record, created] = index.find_or_insert(ids[position], route.hash(entry));
       if (!created) {
         first_repeat[s] = position;
         return;
       }
-      std::memcpy(record, records + position * size_t{record_words_}, record_bytes);
+      copier.copy(record, records + position * size_t{record_words_});
     }
   });
   const size_t first = *std::min_element(first_repeat.begin(), first_repeat.end());

@@ -507,3 +507,21 @@ def test_large_snapshots_are_copied_into_huge_page_mappings(lazy_table):
     torch_recdev.ops.emb_write(small, torch.tensor([3, 5]), torch.ones(2, 8))
     _, few_ids, few_records = torch_recdev._C._table_snapshot(small)  # below 2 MiB: the CPU allocator's
     assert torch.equal(few_records, torch.ones(2, 8)) and sorted(few_ids.tolist()) == [3, 5]
+
+
+@pytest.mark.parametrize("dim", [3, 16, 20, 64])
+def test_a_large_load_installs_every_row_exactly_at_every_record_width(dim):
+    # Loads of 4 MiB of records and more store them with streaming stores where a record starts at a
+    # multiple of the store width, and with ordinary ones where it does not (csrc/store/row_copier.h):
+    # records of 12, 64, 80 and 256 bytes, in chunks of the arenas that are aligned and that are not.
+    rows = (4 << 20) // (4 * dim) + 5_000
+    generator = torch.Generator().manual_seed(dim)
+    ids = torch.randperm(10**9, generator=generator)[:rows]
+    values = torch.randn(rows, dim, generator=generator)
+    source = nn.Embedding(10**9, dim, device="recdev")
+    torch_recdev.ops.emb_write(source.weight, ids, values)
+    buffer = _save(source.state_dict())
+    destination = nn.Embedding(10**9, dim, device="recdev")
+    destination.load_state_dict(torch.load(buffer))
+    assert table_stats(destination.weight)["rows"] == rows
+    assert torch.equal(torch_recdev.ops.emb_read(destination.weight, ids).cpu(), values)

@@ -359,14 +359,18 @@ void bind_optimizers(py::module_& s) {
   s.def("validate_optimizer", &validate_optimizer, py::arg("config"));
   s.def("set_disk_dir", &set_disk_dir, py::arg("path"),
         "The disk tier's directory (store/disk_dir.h); returns how many dead processes' directories it removed.");
-  s.def("crc32c", [](py::bytes data) {
-    const std::string bytes = data;
-    return crc32c_update(0, bytes.data(), bytes.size());
-  });
-  s.def("crc32c_portable", [](py::bytes data) {
-    const std::string bytes = data;
-    return crc32c_update_portable(0, bytes.data(), bytes.size());
-  });
+  // crc32c(data, crc=0) continues the running checksum crc over data; likewise the portable version.
+  for (const auto& [name, update] :
+       {std::pair{"crc32c", &crc32c_update}, {"crc32c_portable", &crc32c_update_portable}}) {
+    s.def(
+        name,
+        [update = update](py::bytes data, uint32_t crc) {
+          const std::string bytes = data;
+          return update(crc, bytes.data(), bytes.size());
+        },
+        py::arg("data"), py::arg("crc") = 0);
+  }
+  s.def("crc32c_kernel", &crc32c_kernel, "Which CRC-32C version runs on this CPU (store/crc32c.h).");
 }
 
 void bind_tables(py::module_& s) {
