@@ -47,7 +47,10 @@ class DirectIndex {
   // entry prefetched a few ids ahead, so that their misses overlap. Only while built; every id is
   // below num_rows.
   void find_all(const uint64_t* ids, size_t count, const float** records) const {
-    constexpr size_t kAhead = 16;
+    // 48 ids ahead, not 16: on the AMD host, with the rows prefetched further ahead too, pooling
+    // 65,536 ids of a whole 1M x 128 table took 0.57 against 0.59 ms (float32, bags of 32) and 0.43-0.45
+    // against 0.48 ms (float16, bags of 4).
+    constexpr size_t kAhead = 48;
     for (size_t k = 0; k < count; ++k) {
       if (k + kAhead < count) prefetch(&records_[ids[k + kAhead]]);
       records[k] = records_[ids[k]];
