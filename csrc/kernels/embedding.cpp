@@ -219,6 +219,10 @@ at::Tensor max_indices_of(int64_t mode, int64_t num_bags, int64_t dim, const at:
 
 // offset2bag for bag b's ids [begin, end), and the bag's size (its ids that are not padding).
 int64_t assign_bag(int64_t b, int64_t begin, int64_t end, const RowIds& rows, int64_t padding_row, int64_t* bag_of) {
+  if (padding_row < 0) {
+    std::fill(bag_of + begin, bag_of + end, b);
+    return end - begin;
+  }
   int64_t count = 0;
   for (int64_t i = begin; i < end; ++i) {
     bag_of[i] = b;

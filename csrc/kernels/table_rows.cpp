@@ -5,6 +5,7 @@
 #include "device/cpu_view.h"
 #include "device/store_ranges.h"
 
+#include "store/id_check.h"
 #include "store/table_handle.h"
 #include "store/task_runner.h"
 
@@ -41,19 +42,6 @@ void run_in_tasks(int64_t total, int64_t per_task, const std::function<void(int6
 
 at::Tensor on_cpu(const at::Tensor& t) { return device::CpuAccess(t, "reading lookup indices").cpu(); }
 
-namespace {
-
-// Whether every id is in [0, num_rows): one branch-free pass, which vectorizes.
-bool all_in_range(const int64_t* ids, size_t count, int64_t num_rows) {
-  bool in_range = true;
-  for (size_t i = 0; i < count; ++i) {
-    in_range &= static_cast<uint64_t>(ids[i]) < static_cast<uint64_t>(num_rows);
-  }
-  return in_range;
-}
-
-}  // namespace
-
 RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, IdRule rule, const char* op) {
   TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
               "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
@@ -62,7 +50,8 @@ RowIds::RowIds(const at::Tensor& indices, int64_t num_rows, uint64_t first_row, 
   const at::Tensor ids = on_cpu(indices).to(at::kLong).contiguous();
   const int64_t* data = ids.const_data_ptr<int64_t>();
   size_ = static_cast<size_t>(ids.numel());
-  if (first_row == 0 && all_in_range(data, size_, num_rows)) {
+  if (first_row == 0 &&
+      store::all_ids_below(reinterpret_cast<const uint64_t*>(data), size_, static_cast<uint64_t>(num_rows))) {
     ids_ = ids;
     data_ = reinterpret_cast<const uint64_t*>(data);
     return;

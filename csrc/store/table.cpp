@@ -6,6 +6,7 @@
 #include <string>
 
 #include "errors.h"
+#include "id_check.h"
 #include "table_internals.h"
 #include "task_runner.h"
 
@@ -86,6 +87,7 @@ uint64_t Table::init_stream() const {
 }
 
 void Table::check_ids(const uint64_t* ids, size_t n) const {
+  if (all_ids_below(ids, n, num_rows_)) return;
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] >= num_rows_) {
       throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(ids[i]) + " (ids[" + std::to_string(i) +

@@ -466,8 +466,8 @@ class Table {
   void evict_now(const std::vector<uint64_t>& victims);
   std::vector<uint64_t> materialized_ids() const;  // sorted; under every sub-shard's lock
   // Releases the locks `found` held, then read-locks the sub-shards of ids[0, count), in index order,
-  // and finds their records.
-  void find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const;
+  // and finds their records; returns whether every row is materialized (no record is null).
+  bool find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const;
   // The unchecked cores of the batch operations; out and rows are dense rows of row_words words at any
   // alignment.
   void read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const;
@@ -477,9 +477,9 @@ class Table {
   void read_not_in_memory(const std::vector<uint64_t>& ids, const std::vector<size_t>& at, std::byte* out) const;
   // gather_pooled's fast path for one block of bags: pools straight from the rows, all found first,
   // under the read locks of all their sub-shards. Returns false, writing nothing, if some row is not
-  // materialized. block_ids are the bags' ids but the skipped ones.
-  bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const std::vector<uint64_t>& block_ids,
-                     const PooledOutput& out, int64_t* max_positions, LockedRecords& found) const;
+  // materialized. block_ids[0, block_count) are the bags' ids but the skipped ones.
+  bool pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const uint64_t* block_ids,
+                     size_t block_count, const PooledOutput& out, int64_t* max_positions, LockedRecords& found) const;
   void write_row_part(uint64_t row_id, size_t byte_in_row, size_t nbytes, const std::byte* data);
   // Records that a row's record, presence or place changed, for the change chains; under its
   // sub-shard's write lock.

@@ -33,6 +33,13 @@ constexpr size_t kRowBatch = 2048;
 // Ids of a gather under a policy, or of a pooled gather, worth a thread of their own.
 constexpr size_t kPooledIdsPerThread = 8192;
 
+// gather_pooled pools blocks of whole bags of up to this many ids (more for one larger bag), each
+// under the read locks of every sub-shard: all of a thread's share at once in the usual task of 8,192
+// ids (kernels::kRowsPerTask), about 70 microseconds of pooling per hold. Blocks of 1,024 took 64
+// lock pairs per 1,024 ids, 6% of pooling a whole 1M x 128 table, and each block's first rows were
+// found before any was prefetched.
+constexpr size_t kPooledBlockIds = 8192;
+
 // Splits the byte range [byte_offset, byte_offset + nbytes) of a dense array of row_bytes-sized rows
 // into a partial first row, batches of whole rows and a partial last row:
 //   part(row, byte_in_row, nbytes, data_offset)    whole(ids, count, data_offset)
@@ -63,9 +70,9 @@ void split_into_rows(uint64_t byte_offset, uint64_t nbytes, uint64_t row_bytes, 
 
 }  // namespace
 
-void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const {
+bool Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords& found) const {
   found.unlock();
-  if (count == 0) return;
+  if (count == 0) return true;
   found.records.resize(count);
   const auto hash_all = [&] {
     found.hashes.resize(count);
@@ -86,12 +93,12 @@ void Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords
     }
   }
   if (direct_.built()) {  // read under the locks just taken: it changes only under all of them
-    direct_.find_all(ids, count, found.records.data());
-    return;
+    return direct_.find_all(ids, count, found.records.data());
   }
   if (count >= kLockEverySubShardIds) hash_all();
   find_records([&](size_t k) -> const RowIndex& { return *found.index_of_row[k]; }, count,
                [&](size_t k) { return found.hashes[k]; }, found.records.data());
+  return std::find(found.records.begin(), found.records.end(), nullptr) == found.records.end();
 }
 
 void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const {
@@ -284,32 +291,34 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   const MissPolicy miss = pass.policed() ? MissPolicy::ComputeInit : MissPolicy::Materialize;
   build_direct_index_if_worth_it();
   // Bags [first, end) are pooled a block at a time: a block holds whole bags and at most
-  // kLockedBlockIds ids, unless a single bag is larger.
+  // kPooledBlockIds ids, unless a single bag is larger.
   const auto pool_bag_range = [&](size_t first, size_t end_of_range) {
-    std::vector<uint64_t> block_ids;  // the block's ids, but the skipped ones
-    std::vector<const float*> rows;   // the gathered row of each of block_ids
-    std::vector<float> gathered;      // their weight words, as stored
+    std::vector<uint64_t> kept_ids;  // without padding_idx, a block's ids are the batch's own
+    std::vector<const float*> rows;  // the gathered row of each of the block's ids
+    std::vector<float> gathered;     // their weight words, as stored
     LockedRecords found;
     for (size_t first_bag = first; first_bag < end_of_range;) {
       const size_t begin = bag.bag_begin(first_bag);
       size_t end_bag = first_bag + 1;
-      while (end_bag < end_of_range && bag.bag_end(end_bag) - begin <= kLockedBlockIds) ++end_bag;
+      while (end_bag < end_of_range && bag.bag_end(end_bag) - begin <= kPooledBlockIds) ++end_bag;
       const size_t end = bag.bag_end(end_bag - 1);
-      if (padding_idx < 0) {
-        block_ids.assign(ids + begin, ids + end);
-      } else {
-        block_ids.clear();
+      const uint64_t* block_ids = ids + begin;  // the block's ids, but the skipped ones
+      size_t block_count = end - begin;
+      if (padding_idx >= 0) {
+        kept_ids.clear();
         for (size_t position = begin; position < end; ++position) {
-          if (!bag.skips(position)) block_ids.push_back(ids[position]);
+          if (!bag.skips(position)) kept_ids.push_back(ids[position]);
         }
+        block_ids = kept_ids.data();
+        block_count = kept_ids.size();
       }
-      const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, out, max_positions, found);
+      const bool pooled = pool_in_place(bag, first_bag, end_bag, block_ids, block_count, out, max_positions, found);
       found.unlock();  // the fallback below may materialize
       if (!pooled) {
         // Some rows are not materialized: gather copies, which materializes them, and pool those.
-        gathered.resize(block_ids.size() * row_words_);
-        read_rows(block_ids.data(), block_ids.size(), reinterpret_cast<std::byte*>(gathered.data()), miss);
-        rows.resize(block_ids.size());
+        gathered.resize(block_count * row_words_);
+        read_rows(block_ids, block_count, reinterpret_cast<std::byte*>(gathered.data()), miss);
+        rows.resize(block_count);
         for (size_t k = 0; k < rows.size(); ++k) rows[k] = gathered.data() + k * row_words_;
         RowPointers source(rows.data(), rows.size(), row_words_);
         pool_bags(bag, first_bag, end_bag, source, dtype_, elements_, out, max_positions);
@@ -331,16 +340,15 @@ void Table::gather_pooled(const uint64_t* ids, size_t num_ids, const int64_t* of
   run_tasks(threads, threads, [&](size_t part) { pool_bag_range(part_first[part], part_first[part + 1]); });
 }
 
-bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag,
-                          const std::vector<uint64_t>& block_ids, const PooledOutput& out, int64_t* max_positions,
+bool Table::pool_in_place(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, const uint64_t* block_ids,
+                          size_t block_count, const PooledOutput& out, int64_t* max_positions,
                           LockedRecords& found) const {
   // Every record found first, then pooled in bag order from prefetched pointers (for_each_prefetched
   // says why).
-  find_in_batch_order(block_ids.data(), block_ids.size(), found);
-  if (std::find(found.records.begin(), found.records.end(), nullptr) != found.records.end()) return false;
+  if (!find_in_batch_order(block_ids, block_count, found)) return false;
   RowPointers rows(found.records.data(), found.records.size(), row_words_);
   pool_bags(bag, first_bag, end_bag, rows, dtype_, elements_, out, max_positions);
-  reads_.fetch_add(block_ids.size(), std::memory_order_relaxed);
+  reads_.fetch_add(block_count, std::memory_order_relaxed);
   return true;
 }
 

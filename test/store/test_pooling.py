@@ -111,17 +111,20 @@ def test_padding_rows_are_not_materialized(store_mod, make_table):
     assert table.exists(np.array([7, 9, 11], np.uint64)).tolist() == [False, True, True]
 
 
-def test_bags_larger_than_a_block(store_mod, make_table, rng):
-    """Bags are pooled in blocks of about 2048 ids; bags larger than a block and bags around block
-    boundaries must pool exactly as one pass would."""
+@pytest.mark.parametrize("padding_idx", [-1, 7])
+def test_bags_larger_than_a_block(store_mod, make_table, rng, padding_idx):
+    """Bags are pooled in blocks of up to 8192 ids under one hold of the read locks; bags larger than
+    a block and bags around block boundaries must pool exactly as one pass would, the first time
+    (rows materialized by the gather a block falls back to) and once every row is in place."""
     table = make_table(5000, 3, init=store_mod.InitRule.uniform(-1, 1, seed=2))
-    sizes = np.array([5000, 1, 0, 2047, 2049, 3, 4096, 0, 7])
+    sizes = np.array([9000, 1, 0, 8191, 8193, 3, 16384, 0, 7])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     ids = rng.integers(0, 5000, size=int(sizes.sum())).astype(np.uint64)
     weight = table.read_bytes(0, 5000 * 3 * 4).view(np.float32).reshape(5000, 3)
-    for mode in ("sum", "max"):
-        out, positions = table.gather_pooled(ids, offsets, getattr(store_mod.PoolingMode, mode.capitalize()))
-        expected, expected_positions = reference_bag(weight, ids, offsets, mode)
+    for mode in ("sum", "max", "sum"):
+        out, positions = table.gather_pooled(ids, offsets, getattr(store_mod.PoolingMode, mode.capitalize()),
+                                             padding_idx=padding_idx)
+        expected, expected_positions = reference_bag(weight, ids, offsets, mode, padding_idx=padding_idx)
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
         if mode == "max":
             np.testing.assert_array_equal(positions, expected_positions)

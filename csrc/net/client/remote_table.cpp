@@ -10,6 +10,7 @@
 #include "remote_transfer.h"
 #include "store/errors.h"
 #include "store/gradient_check.h"
+#include "store/id_check.h"
 #include "store/pooled_gradients.h"
 #include "store/row_copier.h"
 
@@ -58,6 +59,7 @@ std::string RemoteTable::label() const {
 }
 
 void RemoteTable::check_ids(const uint64_t* ids, size_t n) const {
+  if (store::all_ids_below(ids, n, num_rows_)) return;
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] >= num_rows_) {
       throw StoreError(ErrorCode::OutOfRange, "row id " + std::to_string(ids[i]) + " (ids[" + std::to_string(i) +
