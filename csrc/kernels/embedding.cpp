@@ -12,6 +12,7 @@
 #include "table_rows.h"
 
 #include "store/element_type.h"
+#include "store/row_copier.h"
 #include "store/table_handle.h"
 
 #include <ATen/Parallel.h>
@@ -277,6 +278,7 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
   const int64_t bags_per_task = one_request
                                     ? std::max<int64_t>(1, num_bags)
                                     : std::max<int64_t>(1, kRowsPerTask * num_bags / std::max<int64_t>(1, rows.size()));
+  const bool streams = static_cast<size_t>(out.nbytes()) >= store::kStreamingOutputBytes;
   // Pools bags [begin, end) as a batch of their own (offsets from 0, closed by an end offset).
   const auto pool_bag_range = [&](int64_t begin, int64_t end) {
     const int64_t base = offsets[begin];
@@ -286,8 +288,9 @@ void embedding_bag_in_store(const c10::OperatorHandle& op, torch::jit::Stack* st
     }
     local.back() = bag_end(end - 1) - base;
     // bfloat16 sums round with ties away from zero where CPU pools with fbgemm: without padding_idx.
-    const store::PooledOutput pooled(static_cast<std::byte*>(out_data) + begin * dim * out.element_size(), out_type,
-                                     /*bfloat16_ties_away=*/padding_idx < 0);
+    store::PooledOutput pooled(static_cast<std::byte*>(out_data) + begin * dim * out.element_size(), out_type,
+                               /*bfloat16_ties_away=*/padding_idx < 0);
+    pooled.streams = streams;
     table.gather_pooled(
         rows.data() + base, static_cast<size_t>(local.back()), local.data(), static_cast<size_t>(end - begin),
         static_cast<store::PoolingMode>(mode), weight_data ? weight_data + base : nullptr,

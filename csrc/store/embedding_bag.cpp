@@ -46,10 +46,14 @@ namespace {
 // weights: one per row, or null (no per-sample weights).
 using SumRows = void (*)(const float* from, void* to, const RowRun& rows, const float* weights, size_t count,
                          uint32_t dim);
-struct RowSummer {
+struct FinalSums {
   SumRows to_float;               // float32 sums
   SumRows to_own_type;            // rounded to nearest even into the rows' type
   SumRows to_own_type_ties_away;  // bfloat16: ties away from zero (PooledOutput); others: to_own_type's
+};
+struct RowSummer {
+  FinalSums cached;    // ordinary stores; cached.to_float also stores a large bag's partial sums
+  FinalSums streamed;  // streaming stores, into an output far larger than the caches (PooledOutput)
 };
 
 inline float scaled(float weight, float value) {
@@ -58,11 +62,41 @@ inline float scaled(float weight, float value) {
   return product;
 }
 
+// How a sink puts a vector of lanes in memory: with an ordinary store (Cached), or with a streaming
+// one (Streamed), for outputs too large to stay in cache until they are read: an ordinary store
+// first reads the line it overwrites (RowCopier says more). Streamed vectors are the AVX ones, 32
+// and 64 bytes (VEX and EVEX vmovntps, in asm for the reason Float16Elements gives); narrower ones,
+// in the AVX2 half summers and the portable ones, are stored as usual. A streamed vector must be
+// aligned to its size: pool_bags streams only rows that start at a multiple of 64 bytes and fill
+// whole vectors.
+struct Cached {
+  template <class Lanes>
+  static void put(void* to, const Lanes& lanes) {
+    std::memcpy(to, &lanes, sizeof(Lanes));
+  }
+};
+struct Streamed {
+  template <class Lanes>
+  static void put(void* to, const Lanes& lanes) {
+    struct Bytes {
+      unsigned char bytes[sizeof(Lanes)];
+    };
+    if constexpr (sizeof(Lanes) == 64) {
+      asm("vmovntps %g1, %0" : "=m"(*static_cast<Bytes*>(to)) : "v"(lanes));
+    } else if constexpr (sizeof(Lanes) == 32) {
+      asm("vmovntps %t1, %0" : "=m"(*static_cast<Bytes*>(to)) : "x"(lanes));
+    } else {
+      std::memcpy(to, &lanes, sizeof(Lanes));
+    }
+  }
+};
+
 // How a summer stores its sums: element e of `to` onwards, a vector of them (store) or one (one).
+template <class Stores>
 struct FloatSink {
   template <class Vector>
   static void store(void* to, uint32_t e, const Vector& sums) {
-    std::memcpy(static_cast<float*>(to) + e, &sums, sizeof(Vector));
+    Stores::put(static_cast<float*>(to) + e, sums);
   }
   static void one(void* to, uint32_t e, float sum) { static_cast<float*>(to)[e] = sum; }
 };
@@ -87,6 +121,7 @@ struct LanesOf<64> {
 };
 
 // To nearest even, as narrow_from_float rounds; vcvtps2ph needs F16C, which every float16 summer has.
+template <class Stores>
 struct Float16Sink {
   template <class Vector>
   static void store(void* to, uint32_t e, const Vector& sums) {
@@ -97,14 +132,14 @@ struct Float16Sink {
       static_assert(sizeof(Vector) == 64, "float16 sums are stored 8 or 16 lanes at a time");
       asm("vcvtps2ph $8, %g1, %t0" : "=v"(halves) : "v"(sums));
     }
-    std::memcpy(static_cast<uint16_t*>(to) + e, &halves, sizeof(halves));
+    Stores::put(static_cast<uint16_t*>(to) + e, halves);
   }
   static void one(void* to, uint32_t e, float sum) { static_cast<uint16_t*>(to)[e] = float_to_half(sum); }
 };
 
 // To nearest even (float_to_bfloat16), or with ties away from zero (round_through_bfloat16_ties_away);
 // a nan stays a nan, made quiet.
-template <bool kTiesAway>
+template <bool kTiesAway, class Stores>
 struct BFloat16Sink {
   template <class Vector>
   static void store(void* to, uint32_t e, const Vector& sums) {
@@ -116,7 +151,7 @@ struct BFloat16Sink {
     const Words rounded = kTiesAway ? (bits + 0x8000u) >> 16 : (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
     const Words chosen = (nan & ((bits >> 16) | 0x0040u)) | (~nan & rounded);
     const Halves halves = __builtin_convertvector(chosen, Halves);
-    std::memcpy(static_cast<uint16_t*>(to) + e, &halves, sizeof(halves));
+    Stores::put(static_cast<uint16_t*>(to) + e, halves);
   }
   static void one(void* to, uint32_t e, float sum) {
     uint32_t bits;
@@ -131,8 +166,10 @@ struct BFloat16Sink {
 // and how it rounds sums into the type (Rounded, RoundedTiesAway). Vectors are GCC vectors of floats,
 // so the widening compiles for the target function it is inlined into (vcvtph2ps with F16C).
 struct FloatElements {
-  using Rounded = FloatSink;
-  using RoundedTiesAway = FloatSink;
+  template <class Stores>
+  using Rounded = FloatSink<Stores>;
+  template <class Stores>
+  using RoundedTiesAway = FloatSink<Stores>;
   static constexpr size_t kBytes = sizeof(float);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -145,8 +182,10 @@ struct FloatElements {
 // _Float16 vectors, and an intrinsic cannot be inlined into a template compiled without the target
 // (the summers that instantiate this one all have F16C).
 struct Float16Elements {
-  using Rounded = Float16Sink;
-  using RoundedTiesAway = Float16Sink;
+  template <class Stores>
+  using Rounded = Float16Sink<Stores>;
+  template <class Stores>
+  using RoundedTiesAway = Float16Sink<Stores>;
   static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -165,8 +204,10 @@ struct Float16Elements {
 };
 
 struct BFloat16Elements {
-  using Rounded = BFloat16Sink<false>;
-  using RoundedTiesAway = BFloat16Sink<true>;
+  template <class Stores>
+  using Rounded = BFloat16Sink<false, Stores>;
+  template <class Stores>
+  using RoundedTiesAway = BFloat16Sink<true, Stores>;
   static constexpr size_t kBytes = sizeof(uint16_t);
   template <class Vector>
   static void load(Vector& to, const void* row, uint32_t e) {
@@ -273,8 +314,10 @@ __attribute__((always_inline)) inline void sum_rows(const float* from, void* to,
                          uint32_t dim) {                                                                      \
     sum_rows<Vector, Elements, Sink>(from, to, rows, weights, count, dim);                                    \
   }                                                                                                           \
-  constexpr RowSummer name{&name##_sum<FloatSink>, &name##_sum<Elements::Rounded>,                            \
-                           &name##_sum<Elements::RoundedTiesAway>};
+  constexpr RowSummer name{{&name##_sum<FloatSink<Cached>>, &name##_sum<Elements::Rounded<Cached>>,           \
+                            &name##_sum<Elements::RoundedTiesAway<Cached>>},                                  \
+                           {&name##_sum<FloatSink<Streamed>>, &name##_sum<Elements::Rounded<Streamed>>,       \
+                            &name##_sum<Elements::RoundedTiesAway<Streamed>>}};
 
 // 16-byte vectors: the baseline x86-64 build's own width. Without F16C a float16 element widens in
 // software, so baseline float16 rows are widened into a buffer first (FloatRows).
@@ -465,11 +508,16 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
   // bags are pooled into `sums` (in L1) and rounded from there.
   const bool half_out = out.type != ElementType::Float32;
   const bool summer_rounds = half_out && direct != nullptr && bag.mode == PoolingMode::Sum;
-  const SumRows last_sum = !summer_rounds           ? summer.to_float
-                           : out.bfloat16_ties_away ? summer.to_own_type_ties_away
-                                                    : summer.to_own_type;
-  std::vector<float> sums(half_out ? dim : 0);
   const size_t out_row_bytes = size_t{dim} * element_bytes(out.type);
+  // Sum bags' sums stream into a large output when every row starts a line and fills whole vectors.
+  const bool streams = out.streams && bag.mode == PoolingMode::Sum && (!half_out || summer_rounds) &&
+                       reinterpret_cast<uintptr_t>(out.data) % kCacheLineBytes == 0 &&
+                       out_row_bytes % kCacheLineBytes == 0;
+  const FinalSums& final_sums = streams ? summer.streamed : summer.cached;
+  const SumRows last_sum = !summer_rounds           ? final_sums.to_float
+                           : out.bfloat16_ties_away ? final_sums.to_own_type_ties_away
+                                                    : final_sums.to_own_type;
+  std::vector<float> sums(half_out ? dim : 0);
   for (size_t b = first_bag; b < end_bag; ++b) {
     std::byte* out_row = static_cast<std::byte*>(out.data) + b * out_row_bytes;
     float* bag_out = half_out ? sums.data() : reinterpret_cast<float*>(out_row);
@@ -484,7 +532,7 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
       if (half_out) round_pooled_bag(out, bag_out, dim, 0, out_row);
       continue;
     }
-    const size_t count = sum_bag(bag, begin, end, rows, summer.to_float, last_sum, as_summed, bag_out,
+    const size_t count = sum_bag(bag, begin, end, rows, summer.cached.to_float, last_sum, as_summed, bag_out,
                                  summer_rounds ? out_row : static_cast<void*>(bag_out));
     if (half_out && !summer_rounds) {
       round_pooled_bag(out, bag_out, dim, bag.mode == PoolingMode::Mean ? std::max<size_t>(count, 1) : 0, out_row);
@@ -492,6 +540,9 @@ void pool_bags(const EmbeddingBag& bag, size_t first_bag, size_t end_bag, RowPoi
       for (uint32_t d = 0; d < dim; ++d) bag_out[d] /= float(count);
     }
   }
+#if defined(__x86_64__)
+  if (streams) __builtin_ia32_sfence();  // the streamed sums before whatever this thread stores next
+#endif
 }
 
 }  // namespace recdev::store

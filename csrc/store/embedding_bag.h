@@ -103,6 +103,10 @@ struct PooledOutput {
 
   void* data;
   ElementType type = ElementType::Float32;  // Float32, Float16 or BFloat16
+  // The whole output (of which this may be a part) is too large to stay in cache until it is read
+  // (kStreamingOutputBytes and up): Sum bags' sums go to it with streaming stores, which write a
+  // line without first reading it, where its rows start at multiples of 64 bytes.
+  bool streams = false;
   // bfloat16 sums round with ties away from zero, as fbgemm rounds them where CPU pools with it (no
   // padding_idx); otherwise to nearest even. Sums of a few bfloat16 rows meet ties often.
   bool bfloat16_ties_away = false;

@@ -137,6 +137,36 @@ def test_lookups_into_outputs_of_many_mib(to_placement, lazy_table):
     assert torch_recdev.table_stats(lazy)["rows"] > materialized
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_pooled_outputs_of_many_mib_match_small_ones_bit_for_bit(to_placement, dtype):
+    # Sum bags pooled into an output of 4 MiB or more store their sums with streaming stores
+    # (PooledOutput::streams) where each output row starts at a multiple of 64 bytes: dims 128 and 96
+    # here in every dtype; not dim 100 (400 and 200 bytes), whose rows are stored as usual. Each bag's
+    # sum is its own, so the same bags pooled a few at a time (outputs of under 1 MiB, never
+    # streamed) must give the same bits. A lookup into another table first leaves other sums in the
+    # output's recycled memory, so a sum not stored shows.
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 20_000, (60_000,), generator=g)
+    for dim in (128, 96, 100):
+        ref = torch.randn(20_000, dim, generator=g).to(dtype)
+        w, other = to_placement(ref, "table"), to_placement(-ref, "table")
+        for offsets in (torch.arange(60_000), torch.arange(0, 60_000, 2)):  # bags of 1 and of 2
+            for psw in (None, torch.rand(60_000, generator=g).to(dtype)):
+                F.embedding_bag(ids, other, offsets, mode="sum", per_sample_weights=psw)
+                whole = F.embedding_bag(ids, w, offsets, mode="sum", per_sample_weights=psw).cpu()
+                assert whole.numel() * whole.element_size() >= 4 << 20
+                bounds = offsets.tolist() + [60_000]
+                pieces = []
+                for first in range(0, len(offsets), 1000):
+                    last = min(first + 1000, len(offsets))
+                    begin, end = bounds[first], bounds[last]
+                    pieces.append(F.embedding_bag(ids[begin:end], w, offsets[first:last] - begin, mode="sum",
+                                                  per_sample_weights=None if psw is None else psw[begin:end]).cpu())
+                assert torch.equal(whole, torch.cat(pieces)), (dim, len(offsets), psw is None)
+                expected = F.embedding_bag(ids, ref, offsets, mode="sum", per_sample_weights=psw)
+                torch.testing.assert_close(whole, expected, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("kind", PLACEMENTS)
 def test_embedding_on_a_row_slice_of_the_weight(kind, weight):
     w, ref = weight(kind)
