@@ -74,15 +74,18 @@ class RowPointers {
   }
 
  private:
-  // Rows are prefetched about kLinesAhead cache lines ahead of their reader: 16 rows of 512 bytes, 32
-  // of 256. On the Intel host 4 to 16 rows of either measured alike; on the AMD host, whose dense
-  // kernel finds the rows in its L3, 8 rows left the summer waiting on them: float32 bags of 32 took
-  // 0.72-0.74 ms with 8 rows ahead, 0.54-0.63 with 16, 0.52-0.57 with 24; float16 bags of 4 took
-  // 0.67-0.72 ms with 8, 0.55-0.56 with 16, 0.45-0.47 with 32 (1M x 128 rows, 65,536 ids).
-  static constexpr size_t kLinesAhead = 128;
+  // Rows are prefetched about kLinesAhead cache lines ahead of their reader: 32 rows of 512 bytes,
+  // 64 of 256. On the Intel host 4 to 16 rows of either measured alike; on the AMD host, whose dense
+  // kernel finds the rows in its L3, the summer waited on them at every shorter distance tried. 8
+  // rows ahead: float32 bags of 32 took 0.72-0.74 ms, 16 rows 0.54-0.63, 24 rows 0.52-0.57 (1M x 128
+  // rows, 65,536 ids). Later, with the index prefetched further and the sums streamed, calls of each
+  // distance alternated in a shuffled order in one process: 128 lines against 256, float32 bags of 4
+  // 0.59 against 0.53 ms, of 32 0.47 against 0.39 (0.52 against 0.46 weighted), float16 bags of 4
+  // 0.34 against 0.33, of 32 0.25 against 0.23; bags of 1 alike; 384 and 512 lines no better.
+  static constexpr size_t kLinesAhead = 256;
   static size_t rows_ahead(size_t row_bytes) {
     const size_t lines = std::max<size_t>(1, (row_bytes + kCacheLineBytes - 1) / kCacheLineBytes);
-    return std::clamp<size_t>(kLinesAhead / lines, 4, 32);
+    return std::clamp<size_t>(kLinesAhead / lines, 4, 64);
   }
   const float* const* rows_;
   size_t count_;
