@@ -40,6 +40,17 @@ constexpr size_t kPooledIdsPerThread = 8192;
 // found before any was prefetched.
 constexpr size_t kPooledBlockIds = 8192;
 
+// How many rows ahead a gather prefetches the records it copies: about 128 cache lines. A gather finds
+// a block's records before it copies any, so unlike a single pass (records_ahead) it need not stay
+// behind the index's prefetch. On the AMD host, calls alternated in a shuffled order in one process,
+// 65,536 ids of a whole 1M x 128 table: float16 rows 0.65 ms at 48 lines, 0.55 at 128, 0.58 at 256;
+// float32 0.93, 0.70, 0.67 in one process and 1.32, 1.26, 1.30 in another.
+size_t gather_rows_ahead(size_t row_bytes) {
+  constexpr size_t kGatherLinesAhead = 128;
+  const size_t lines = std::max<size_t>(1, (row_bytes + kCacheLineBytes - 1) / kCacheLineBytes);
+  return std::clamp<size_t>(kGatherLinesAhead / lines, 2, 64);
+}
+
 // Splits the byte range [byte_offset, byte_offset + nbytes) of a dense array of row_bytes-sized rows
 // into a partial first row, batches of whole rows and a partial last row:
 //   part(row, byte_in_row, nbytes, data_offset)    whole(ids, count, data_offset)
@@ -104,7 +115,7 @@ bool Table::find_in_batch_order(const uint64_t* ids, size_t count, LockedRecords
 void Table::read_rows(const uint64_t* ids, size_t n, std::byte* out, MissPolicy policy) const {
   const size_t row_bytes = size_t{row_words_} * sizeof(float);
   const RowCopier copier(out, n * row_bytes, row_bytes);
-  const size_t ahead = records_ahead(row_bytes);
+  const size_t ahead = gather_rows_ahead(row_bytes);
   std::vector<float> init_value;         // ComputeInit only: the init value of a row that is not materialized
   std::vector<uint64_t> missing;         // Materialize only: the rows that are not materialized, and
   std::vector<size_t> missing_at;        // where in the batch
