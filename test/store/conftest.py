@@ -6,6 +6,8 @@ build of it, e.g. a standalone one: RECDEV_STORE_MODULE=_store_dev PYTHONPATH=/t
 
 import importlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -34,3 +36,20 @@ def make_table(store_mod):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def run_capped():
+    """run_capped(args, capability) -> the standard output of `python *args` in a process of its own,
+    its kernels capped by ATEN_CPU_CAPABILITY=capability (None: uncapped, the widest this CPU has);
+    the test fails with the process's error output if it does."""
+
+    def run(args, capability):
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        if capability is not None:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        done = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    return run

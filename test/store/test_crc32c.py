@@ -4,9 +4,6 @@ vectors and of a bit-by-bit reference, at every length around the folds' 256-byt
 streams' 24 KiB blocks, from every alignment, and continued from any running checksum. Each kernel
 this CPU has runs in a process of its own, ATEN_CPU_CAPABILITY capping the choice."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -102,18 +99,8 @@ print(store.crc32c_kernel(), sums)
 """
 
 
-def _kernel_in_process(capability):
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    if capability is not None:
-        env["ATEN_CPU_CAPABILITY"] = capability
-    done = subprocess.run([sys.executable, "-c", _KERNEL_WORKER], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernel, sums = done.stdout.split(" ", 1)
-    return kernel, sums
-
-
-def test_every_kernel_this_cpu_has_gives_the_same_checksums(store_mod):
-    kernels = dict(_kernel_in_process(capability) for capability in (None, "avx2", "default"))
+def test_every_kernel_this_cpu_has_gives_the_same_checksums(store_mod, run_capped):
+    kernels = dict(run_capped(["-c", _KERNEL_WORKER], capability).split(" ", 1) for capability in (None, "avx2", "default"))
     assert "portable" in kernels  # "default" always caps it at the portable version
     reference = store_mod.crc32c_portable
     rng = np.random.default_rng(3)

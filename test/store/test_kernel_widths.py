@@ -4,9 +4,6 @@ float16 and bfloat16 rows. Each width runs in a process of its own, ATEN_CPU_CAP
 as it caps PyTorch's kernels. (The baseline build's RowWiseAdagrad sums its squares in one running
 sum, not 8 lanes, so only its pooling is compared.)"""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,21 +12,17 @@ import torch
 WORKER = Path(__file__).with_name("kernel_widths_worker.py")
 
 
-def run_capped(capability, out_path):
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    if capability is not None:
-        env["ATEN_CPU_CAPABILITY"] = capability
-    done = subprocess.run([sys.executable, str(WORKER), str(out_path)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+def results_capped(run_capped, capability, out_path):
+    """The worker's results, run with its kernels capped at `capability`."""
+    run_capped([str(WORKER), str(out_path)], capability)
     return torch.load(out_path)
 
 
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
                     reason="needs a CPU with AVX-512 for two widths to compare")
-def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path):
-    widest = run_capped(None, tmp_path / "avx512.pt")
-    avx2 = run_capped("avx2", tmp_path / "avx2.pt")
+def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path, run_capped):
+    widest = results_capped(run_capped, None, tmp_path / "avx512.pt")
+    avx2 = results_capped(run_capped, "avx2", tmp_path / "avx2.pt")
     assert (widest.pop("capability"), avx2.pop("capability")) == ("AVX512", "AVX2")
     assert widest.keys() == avx2.keys()
     for name, values in widest.items():
@@ -41,9 +34,9 @@ def test_avx512_and_avx2_kernels_give_the_same_bits(tmp_path):
 
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                     reason="needs a CPU with AVX2 for two widths to compare")
-def test_baseline_pooling_gives_the_avx2_bits(tmp_path):
-    avx2 = run_capped("avx2", tmp_path / "avx2.pt")
-    baseline = run_capped("default", tmp_path / "default.pt")
+def test_baseline_pooling_gives_the_avx2_bits(tmp_path, run_capped):
+    avx2 = results_capped(run_capped, "avx2", tmp_path / "avx2.pt")
+    baseline = results_capped(run_capped, "default", tmp_path / "default.pt")
     assert (avx2.pop("capability"), baseline.pop("capability")) == ("AVX2", "DEFAULT")
     pooled = [name for name in avx2 if name.startswith("pooled")]
     assert len(pooled) == 12
