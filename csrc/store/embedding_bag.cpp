@@ -306,8 +306,9 @@ __attribute__((always_inline)) inline void sum_rows(const float* from, void* to,
   }
 }
 
-// A summer's entry points for one vector width and element type, each compiled for `target`.
-// (A float32 summer's three are one function: its rows' type is float32.)
+// A summer's entry points for one vector width and element type, each compiled for `target`: three
+// roundings, each with ordinary and with streaming stores. (A float32 summer's three of either kind
+// are one function: its rows' type is float32.)
 #define RECDEV_ROW_SUMMER(name, target, Vector, Elements)                                                     \
   template <class Sink>                                                                                       \
   target void name##_sum(const float* from, void* to, const RowRun& rows, const float* weights, size_t count, \
