@@ -38,6 +38,10 @@ def main(out_path):
             results[f"pooled sum {dtype} {dim}"] = F.embedding_bag(ids, pooled, offsets, mode="sum").detach()
             results[f"pooled weighted {dtype} {dim}"] = F.embedding_bag(
                 ids, pooled, offsets, mode="sum", per_sample_weights=weights).detach()
+            if dim == 128:  # bags of 1 into an output of 5-10 MiB: its sums are streamed
+                many = torch.randint(0, ROWS, (20_000,), generator=gen)
+                results[f"pooled streamed {dtype} {dim}"] = F.embedding_bag(
+                    many, pooled, torch.arange(20_000), mode="sum").detach()
             for decay in (0.0, 0.01):
                 weight = table(dtype, dim)
                 torch_recdev.optim.RowWiseAdagrad([weight], lr=0.05, weight_decay=decay)

@@ -1,7 +1,7 @@
 """The store's vector kernels give the same bits at every width (csrc/store/cpu_features.h): the
-RowWiseAdagrad update with 4 or 8 doubles per vector and pooling with 4, 8 or 16 floats, on float32,
-float16 and bfloat16 rows. Each width runs in a process of its own, ATEN_CPU_CAPABILITY capping it
-as it caps PyTorch's kernels. (The baseline build's RowWiseAdagrad sums its squares in one running
+RowWiseAdagrad update with 4 or 8 doubles per vector and pooling with 4, 8 or 16 floats (into small
+outputs, and into one large enough for streamed sums), on float32, float16 and bfloat16 rows. Each
+width runs in a process of its own, ATEN_CPU_CAPABILITY capping it as it caps PyTorch's kernels. (The baseline build's RowWiseAdagrad sums its squares in one running
 sum, not 8 lanes, so only its pooling is compared.)"""
 
 from pathlib import Path
@@ -39,7 +39,7 @@ def test_baseline_pooling_gives_the_avx2_bits(tmp_path, run_capped):
     baseline = results_capped(run_capped, "default", tmp_path / "default.pt")
     assert (avx2.pop("capability"), baseline.pop("capability")) == ("AVX2", "DEFAULT")
     pooled = [name for name in avx2 if name.startswith("pooled")]
-    assert len(pooled) == 12
+    assert len(pooled) == 15  # sums and weighted sums at two dims, and streamed sums, in 3 dtypes
     for name in pooled:
         bits = torch.int16 if avx2[name].element_size() == 2 else torch.int32
         assert torch.equal(avx2[name].view(bits), baseline[name].view(bits)), f"{name}: baseline and AVX2 pooling differ"
