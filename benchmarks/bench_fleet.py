@@ -2,7 +2,8 @@
 (trainers, shards) in {(1, 1), (1, 2), (2, 2)}, each a real `examples/fleet_demo.py` run (recdev-server
 shards and torchrun trainers on 127.0.0.1), and the loopback bytes per training step, which
 docs/scaling.md turns into what a fleet of machines would do. Held-out evaluations are excluded from
-the rate (train_ctr.py times them apart)."""
+the rate (train_ctr.py times them apart). One trainer on 2 shards is also run in turn with the demo
+on the embedded store (issue 38: the remote demo at 0.8x or more of the embedded one's samples/s)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,38 @@ def fleet_run(trainers: int, shards: int, samples: int) -> tuple[float, int, int
     if result.returncode != 0 or match is None:
         raise RuntimeError(f"fleet run ({trainers} trainers, {shards} shards) failed:\n{result.stdout}\n{result.stderr}")
     return float(match.group(1).replace(",", "")), int(match.group(3)), wire
+
+
+def demo_run(samples: int, servers: str | None) -> float:
+    """samples/s of one demo process (no torchrun) on the servers or the embedded store, one intra-op
+    thread as fleet_run's trainers."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "train_ctr.py"), "--quiet", "--train-samples", str(samples),
+         "--test-samples", "2000", "--epochs", "1", "--plot", "", "--eval-every", str(10**9),
+         *(["--servers", servers] if servers else [])],
+        capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    match = _RATE.search(result.stdout)
+    if result.returncode != 0 or match is None:
+        raise RuntimeError(f"demo run ({servers or 'embedded'}) failed:\n{result.stdout}\n{result.stderr}")
+    return float(match.group(1).replace(",", ""))
+
+
+def remote_against_embedded(samples: int, rounds: int) -> Fact:
+    """The demo on 2 local shards (train_ctr.py --servers: overlap_updates) against the embedded demo,
+    one process each, in turn; the median of the rounds' ratios."""
+    from torch_recdev import local_shards
+
+    servers = local_shards.start_shards(2)
+    try:
+        listed = local_shards.server_list(servers)
+        pairs = [(demo_run(samples, listed), demo_run(samples, None)) for _ in range(rounds)]
+    finally:
+        for server in servers:
+            server.stop()
+    ratios = sorted(remote / embedded for remote, embedded in pairs)
+    ratio = statistics.median(ratios)
+    return Fact(f"demo on 2 shards / on the embedded store, 1 trainer, samples/s, {rounds} rounds in turn "
+                f"({', '.join(f'{r:.2f}x' for r in ratios)})", f"{ratio:.2f}x", ">= 0.8x (issue 38)", ratio >= 0.8)
 
 
 def step_costs(ids_per_rank: int, steps: int, rounds: int, shards: int) -> tuple[list[tuple[float, float]], dict]:
@@ -102,6 +135,8 @@ def run(quick: bool = False) -> list:
                       "alternating asynchronous and synchronous rounds, and where a synchronous step's time goes (ms)",
                       ["store", "async step", "sync step", "sync/async per round", "median ratio",
                        "sync step: lookup, backward, wait, stage, exchange, apply, rest"], step_rows)
+    if not quick:
+        facts.append(remote_against_embedded(samples, 5))
     return [grid, steps_grid, *facts]
 
 

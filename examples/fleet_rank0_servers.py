@@ -12,5 +12,6 @@ if __name__ == "__main__":
     servers = sys.argv[1]
     if os.environ.get("RANK") == "0":
         os.environ["RECDEV_SERVERS"] = servers  # before torch is imported: read at import
+        os.environ["RECDEV_OVERLAP_UPDATES"] = "1"  # as train_ctr.py --servers connects
     sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_ctr.py"), *sys.argv[2:]]
     runpy.run_path(sys.argv[0], run_name="__main__")

@@ -289,7 +289,9 @@ def main(argv=None) -> dict:
             print(*text, flush=True)
 
     if args.servers:
-        torch_recdev.connect(args.servers)
+        # backward returns once the updates are sent: the shards apply them while this process runs
+        # the dense optimizer and draws the next batch (docs/remote.md, "Overlapping updates").
+        torch_recdev.connect(args.servers, overlap_updates=True)
     info = torch_recdev.fleet_store()  # the other ranks take rank 0's store
     say(f"store: {info}")
     if world > 1:

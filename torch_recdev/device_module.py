@@ -78,9 +78,11 @@ class device:
 
 def synchronize(device=None) -> None:
     """Waits for all work on the device: the async store operations issued so far (kernels complete
-    before they return)."""
+    before they return), and the remote store's updates that backward did not wait for
+    (``connect(..., overlap_updates=True)``), raising one the shards refused."""
     set_device(0 if device is None else device)
     _C._wait_for_async_ops()
+    _C._wait_for_store_answers()
 
 
 class Stream(torch.Stream):

@@ -12,7 +12,9 @@ Every other module asks this one; it imports none of them but the extension and 
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from typing import Optional
 
 import torch
@@ -33,7 +35,7 @@ _connected_explicitly = False
 
 
 def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeout: float = 30.0,
-            read_only: bool = False) -> dict:
+            read_only: bool = False, overlap_updates: bool = False) -> dict:
     """Chooses the store that new tables, named tables, ``save`` and ``load`` go to; returns
     ``store_info()``.
 
@@ -48,7 +50,14 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
     ``read_only=True`` is for inference (serving shards, ``recdev-server --serve``, docs/online.md):
     lookups only; a declaration (``ops.init_embedding_table``, ``share_tables``) opens the existing
     table of that name, checking its shape and dtype; anything that would change a table raises
-    ``PermissionError`` before it is sent."""
+    ``PermissionError`` before it is sent.
+
+    ``overlap_updates=True`` is for training loops: ``backward()`` returns once its tables' updates
+    are sent, without waiting for the shards to apply them, so that they apply them while the step
+    goes on (the dense optimizer, the next batch). Every later request of this process still sees
+    them (it reads their answers before it is sent). An update the shards refuse is then raised by
+    the next request (the next step's lookups) or by ``torch.recdev.synchronize()``, not by
+    ``backward()`` (docs/remote.md, "Overlapping updates with the next step")."""
     if servers is not None and not isinstance(servers, str):
         raise TypeError(f"connect: servers must be a string like 'tcp://host:7070,tcp://host:7071' or None; got {servers!r}")
     if token is not None and not isinstance(token, str):
@@ -61,14 +70,20 @@ def connect(servers: Optional[str] = None, *, token: Optional[str] = None, timeo
         raise TypeError(f"connect: read_only must be True or False; got {read_only!r}")
     if read_only and servers in (None, "embedded"):
         raise ValueError("connect: read_only=True needs servers (the embedded store is this process's own)")
-    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout, read_only)
+    if not isinstance(overlap_updates, bool):
+        raise TypeError(f"connect: overlap_updates must be True or False; got {overlap_updates!r}")
+    if overlap_updates and servers in (None, "embedded"):
+        raise ValueError("connect: overlap_updates=True needs servers (the embedded store applies an update before "
+                         "backward goes on)")
+    _C._connect(None if servers in (None, "embedded") else servers, token or "", timeout, read_only, overlap_updates)
     _publish_after_connect()
     return store_info()
 
 
 def store_info() -> dict:
     """The current store: ``kind`` ("embedded" or "remote"), ``servers`` (``tcp://`` addresses, in
-    shard order; empty when embedded), ``shards`` (how many), and ``timeout`` (remote only)."""
+    shard order; empty when embedded), ``shards`` (how many), and ``timeout`` and
+    ``overlap_updates`` (remote only: ``connect``'s)."""
     return dict(_C._store_info())
 
 
@@ -88,9 +103,19 @@ def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dic
     return dict(_C._server_stats(address, token, timeout))
 
 
+@atexit.register
+def _report_updates_never_answered() -> None:
+    """At exit, reads the answers of the updates backward did not wait for (``overlap_updates``): a
+    refused one that no request raised since is said on stderr, as an exit cannot raise it."""
+    try:
+        _C._wait_for_store_answers()
+    except Exception as error:  # noqa: BLE001 - any failure is reported, none may stop the exit
+        print(f"torch_recdev: at exit: {error}", file=sys.stderr, flush=True)
+
+
 def _connect_from_environment() -> None:
-    """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``) makes the remote store current
-    at import; the servers are reached at the store's first use (a table, an ops call,
+    """``RECDEV_SERVERS`` (with ``RECDEV_TOKEN``, ``RECDEV_TIMEOUT``, and ``RECDEV_OVERLAP_UPDATES=1``
+    for ``connect``'s ``overlap_updates``) makes the remote store current at import; the servers are reached at the store's first use (a table, an ops call,
     ``store_info()``), so that ``import torch`` opens no socket. An unreachable server is an error
     there, naming RECDEV_SERVERS."""
     servers = os.environ.get("RECDEV_SERVERS", "").strip()
@@ -99,7 +124,10 @@ def _connect_from_environment() -> None:
     timeout = float(os.environ.get("RECDEV_TIMEOUT", "30"))
     if not timeout > 0:
         raise ValueError(f"RECDEV_TIMEOUT must be a positive number of seconds; got {timeout}")
-    _C._connect_from_environment(servers, os.environ.get("RECDEV_TOKEN", ""), timeout)
+    overlap = os.environ.get("RECDEV_OVERLAP_UPDATES", "0")
+    if overlap not in ("0", "1"):
+        raise ValueError(f"RECDEV_OVERLAP_UPDATES must be 0 or 1; got {overlap!r}")
+    _C._connect_from_environment(servers, os.environ.get("RECDEV_TOKEN", ""), timeout, overlap == "1")
 
 
 def _default_group():
@@ -113,7 +141,8 @@ def fleet_store() -> dict:
 
     Under an initialized default process group: rank 0 publishes its store (``RECDEV_SERVERS``,
     ``connect()`` or the embedded store) in the group's store; another rank that set neither connects
-    to the same servers (with its own ``RECDEV_TOKEN``: the token is not published). Waits for rank 0
+    to the same servers, with the same ``timeout`` and ``overlap_updates`` (and its own
+    ``RECDEV_TOKEN``: the token is not published). Waits for rank 0
     at most the process group's timeout. Without a process group, the current store as it is.
     Declarations call this first, so a script rarely needs to."""
     global _agreed_with
@@ -125,10 +154,10 @@ def fleet_store() -> dict:
         info = store_info()  # connects RECDEV_SERVERS now, so a bad list fails on rank 0 first
         published = ",".join(info["servers"]) if info["kind"] == "remote" else "embedded"
         timeout = str(info.get("timeout", 30.0))
-        store.set(_STORE_KEY, f"{published};{timeout}")
+        store.set(_STORE_KEY, f"{published};{timeout};{int(info.get('overlap_updates', False))}")
     elif not _connected_explicitly and not os.environ.get("RECDEV_SERVERS", "").strip():
         try:
-            servers, timeout = store.get(_STORE_KEY).decode().split(";")
+            servers, timeout, overlap = store.get(_STORE_KEY).decode().split(";")
         except RuntimeError as error:
             raise RuntimeError(
                 f"rank {torch.distributed.get_rank()}: rank 0 did not publish its recdev store in time ({error}). "
@@ -136,7 +165,8 @@ def fleet_store() -> dict:
                 "or set RECDEV_SERVERS on every rank."
             ) from error
         if servers != "embedded":
-            connect(servers, token=os.environ.get("RECDEV_TOKEN") or None, timeout=float(timeout))
+            connect(servers, token=os.environ.get("RECDEV_TOKEN") or None, timeout=float(timeout),
+                    overlap_updates=overlap == "1")
     _agreed_with = group
     return store_info()
 

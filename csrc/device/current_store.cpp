@@ -61,6 +61,15 @@ void set_current_store(std::shared_ptr<store::StoreClient> client) {
   previous = std::exchange(current_slot(), std::move(client));
 }
 
+void wait_for_store_answers() {
+  std::shared_ptr<store::StoreClient> client;
+  {
+    std::lock_guard<std::mutex> lock(current_mutex());
+    client = current_slot();  // a connection still deferred has sent nothing
+  }
+  client->wait_for_answers();
+}
+
 void connect_on_first_use(std::function<std::shared_ptr<store::StoreClient>()> connect, std::string description) {
   std::lock_guard<std::mutex> lock(current_mutex());
   deferred_slot() = DeferredConnection{std::move(connect), std::move(description)};

@@ -17,6 +17,9 @@ namespace recdev::device {
 // raises that connection's error, prefixed with its description, for as long as it fails.
 std::shared_ptr<store::StoreClient> current_store();
 void set_current_store(std::shared_ptr<store::StoreClient> client);
+// Reads the answers of the current store's requests that nothing waited for (connect's
+// overlap_updates) and raises a refused one: part of synchronizing the device. Connects nothing.
+void wait_for_store_answers();
 
 // Makes `connect()` the current store at the first current_store() call, so that configuring a
 // remote store (RECDEV_SERVERS at `import torch`) opens no socket. `description` prefixes its errors

@@ -2,8 +2,10 @@
 // current stream; new streams get their own ids) over one timeline, since every kernel completes
 // before it returns and the only later work is the async-op thread's (async_ops.h): any stream's
 // work is ordered before anything issued after it, so waiting on a stream, an event or the device
-// means waiting for the async store operations issued before. DeviceGuard, torch.Stream /
-// torch.Event, torch.accelerator and autograd's engine call it; torch.recdev wraps it.
+// means waiting for the async store operations issued before. Synchronizing the device also reads
+// the answers of remote updates backward did not wait for (connect's overlap_updates) and raises a
+// refused one. DeviceGuard, torch.Stream / torch.Event, torch.accelerator and autograd's engine call
+// it; torch.recdev wraps it.
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -11,6 +13,7 @@
 #include <atomic>
 
 #include "async_ops.h"
+#include "current_store.h"
 
 namespace recdev::device {
 
@@ -79,7 +82,10 @@ struct RecdevGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<Event*>(event); }
   bool queryStream(const c10::Stream&) const override { return async_ops_done_through(last_async_op()); }
   void synchronizeStream(const c10::Stream&) const override { wait_for_async_ops(last_async_op()); }
-  void synchronizeDevice(const c10::DeviceIndex) const override { wait_for_async_ops(last_async_op()); }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    wait_for_async_ops(last_async_op());
+    wait_for_store_answers();
+  }
 };
 
 }  // namespace

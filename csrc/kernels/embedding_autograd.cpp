@@ -63,7 +63,9 @@ store::TableHandle& trained_table(const at::Tensor& weight) {
 // the autograd engine's final callback then reads the answers (TableHandle::wait_for_answers),
 // so the updates of every table in the pass cross the network together instead of a round trip
 // each, and backward() still raises a refused one. Outside a pass (the kernel called directly), and
-// for tables that apply an update before send_update returns, there is nothing to wait for.
+// for tables that apply an update before send_update returns, there is nothing to wait for. With
+// connect(..., overlap_updates=True) the pass does not wait either (wait_at_end_of_backward): the
+// shards apply the updates while the step goes on, and the session's next request raises a refusal.
 bool answer_at_end_of_backward(const store::TableHandle& table) {
   return table.row_path_traits().answers_later && torch::autograd::get_current_graph_task_id() != -1;
 }
@@ -115,6 +117,7 @@ void wait_for_the_pass(int pass) {
 }
 
 void wait_at_end_of_backward(const at::Tensor& weight) {
+  if (table_of(weight).row_path_traits().updates_answered_by_next_request) return;
   const int pass = torch::autograd::get_current_graph_task_id();
   {
     std::lock_guard<std::mutex> lock(passes_sending().mutex);

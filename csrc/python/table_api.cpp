@@ -356,12 +356,15 @@ py::dict store_info() {
   info["kind"] = client->kind();
   info["servers"] = client->servers();
   info["shards"] = client->servers().size();
-  if (const std::optional<double> timeout = client->timeout_seconds()) info["timeout"] = *timeout;
+  if (const std::optional<double> timeout = client->timeout_seconds()) {
+    info["timeout"] = *timeout;
+    info["overlap_updates"] = client->overlaps_updates();
+  }
   return info;
 }
 
 void connect(const std::optional<std::string>& servers, const std::string& token, double timeout_seconds,
-             bool read_only) {
+             bool read_only, bool overlap_updates) {
   if (!servers) {
     set_current_store(embedded_store());
     return;
@@ -369,15 +372,20 @@ void connect(const std::optional<std::string>& servers, const std::string& token
   std::shared_ptr<store::StoreClient> client;
   {
     py::gil_scoped_release no_gil;
-    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds, read_only);
+    client = std::make_shared<net::RemoteStoreClient>(*servers, token, timeout_seconds, read_only, overlap_updates);
   }
   set_current_store(std::move(client));
 }
 
 // RECDEV_SERVERS at import: connected on the store's first use, so that `import torch` opens no socket.
-void connect_from_environment(const std::string& servers, const std::string& token, double timeout_seconds) {
-  connect_on_first_use([=] { return std::make_shared<net::RemoteStoreClient>(servers, token, timeout_seconds); },
-                       "RECDEV_SERVERS='" + servers + "'");
+void connect_from_environment(const std::string& servers, const std::string& token, double timeout_seconds,
+                              bool overlap_updates) {
+  connect_on_first_use(
+      [=] {
+        return std::make_shared<net::RemoteStoreClient>(servers, token, timeout_seconds, /*read_only=*/false,
+                                                        overlap_updates);
+      },
+      "RECDEV_SERVERS='" + servers + "'");
 }
 
 }  // namespace
@@ -386,6 +394,7 @@ void bind_table_api(py::module_& m) {
   m.def("_connect", &connect);
   m.def("_connect_from_environment", &connect_from_environment);
   m.def("_store_info", &store_info);
+  m.def("_wait_for_store_answers", &device::wait_for_store_answers, py::call_guard<py::gil_scoped_release>());
   m.def("_declare_table", &declare_table);
   m.def("_table_declaration", &table_declaration);
   m.def("_sync_table", &sync_table);

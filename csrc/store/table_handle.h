@@ -42,6 +42,9 @@ struct RowPathTraits {
   // send_gather and send_update may return before the work is done, leaving their answers to
   // wait_for_answers (a remote table): a backward pass then waits at its end.
   bool answers_later = false;
+  // A backward pass need not wait for send_update's answers: the table's next request reads them and
+  // raises a failure among them (a remote table of connect(..., overlap_updates=True)).
+  bool updates_answered_by_next_request = false;
 };
 
 // The row path: what kernels call on every step.
@@ -186,6 +189,11 @@ class StoreClient {
   virtual std::vector<std::string> servers() const = 0;
   // How long a request waits for a server (nullopt when embedded).
   virtual std::optional<double> timeout_seconds() const { return std::nullopt; }
+  // Whether backward leaves its updates' answers to the next request (connect's overlap_updates).
+  virtual bool overlaps_updates() const { return false; }
+  // Reads the answers of every request sent without waiting for them, and throws a failure of an
+  // overlapped update among them (torch.recdev.synchronize()).
+  virtual void wait_for_answers() {}
   // Synchronous steps on shards, or null where tables apply their own (the embedded store).
   virtual SyncSteps* sync_steps() { return nullptr; }
 };

@@ -42,6 +42,22 @@ def async_sums(out: dict) -> None:
     out["rows"] = [ops.emb_read(t, KEYS).cpu() for t in tables]
 
 
+def overlap_published(out: dict) -> None:
+    """Rank 0 connects with overlap_updates=True; the other ranks take its store, overlap included,
+    and no update of a table both train through backward is lost."""
+    rank = dist.get_rank()
+    if rank == 0:
+        torch_recdev.connect(os.environ["FLEET_CONNECT"], overlap_updates=True)
+    out["store"] = torch_recdev.fleet_store()
+    table = declare("fleet.overlap").requires_grad_(True)
+    dist.barrier()
+    for step in range(STEPS):
+        (torch.nn.functional.embedding(KEYS, table).cpu() * grads(rank, step)).sum().backward()
+    torch.recdev.synchronize()
+    dist.barrier()
+    out["rows"] = [ops.emb_read(table, KEYS).cpu()]
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()

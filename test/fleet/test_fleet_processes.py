@@ -1,5 +1,5 @@
 """2 trainers x 2 shards, as real processes (test/fleet/fleet_processes.py): the servers named on
-rank 0 only; every rank declares every table with its init and no update is lost (exact SGD sums);
+rank 0 only (and rank 0's overlap_updates taken by the others); every rank declares every table with its init and no update is lost (exact SGD sums);
 share_tables on a model; a checkpoint saved by rank 0 and resumed by all; sync=True equal to one
 process with the whole batch, on shards and on the embedded store, stepped by hand or by
 apply_optimizer_in_backward's backward, and on shards with spilled tables (a memory tier of 2/3 of the rows); fleet
@@ -44,6 +44,14 @@ def test_every_rank_declaring_every_table_loses_no_update(fleet):
     for rank in out:
         for rows in rank["rows"]:
             assert torch.equal(rows, expected), rows
+
+
+def test_ranks_take_rank_0s_overlap_updates_and_lose_no_update(fleet, tmp_path):
+    _, servers = fleet
+    out = run_fleet("overlap_published", tmp_path, env_all={"FLEET_CONNECT": servers})
+    for rank in out:
+        assert rank["store"]["overlap_updates"] is True
+    test_every_rank_declaring_every_table_loses_no_update((out, servers))
 
 
 def test_share_tables_names_the_tables_and_both_ranks_train_them(fleet):

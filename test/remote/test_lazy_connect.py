@@ -10,8 +10,8 @@ import textwrap
 from torch_recdev import local_shards
 
 
-def run_python(code, servers, timeout=120):
-    env = dict(os.environ, RECDEV_SERVERS=servers, RECDEV_TIMEOUT="5")
+def run_python(code, servers, timeout=120, **env_extra):
+    env = dict(os.environ, RECDEV_SERVERS=servers, RECDEV_TIMEOUT="5", **env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -45,6 +45,16 @@ def test_the_first_use_connects(start_shards):
         servers,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_recdev_overlap_updates_is_connects_overlap_updates(start_shards):
+    servers = local_shards.server_list(start_shards(1))
+    code = "import torch_recdev; print(torch_recdev.store_info()['overlap_updates'])"
+    for value, expected in (("1", "True"), ("0", "False")):
+        result = run_python(code, servers, RECDEV_OVERLAP_UPDATES=value)
+        assert result.returncode == 0 and result.stdout.strip() == expected, result.stderr
+    result = run_python(code, servers, RECDEV_OVERLAP_UPDATES="yes")
+    assert result.returncode != 0 and "RECDEV_OVERLAP_UPDATES must be 0 or 1; got 'yes'" in result.stderr
 
 
 def free_port():

@@ -26,7 +26,8 @@ def free_port():
 def test_store_info_describes_the_current_store(start_shards):
     servers = start_shards(2)
     info = torch_recdev.connect(local_shards.server_list(servers), timeout=7.5)
-    assert info == {"kind": "remote", "servers": [s.url for s in servers], "shards": 2, "timeout": 7.5}
+    assert info == {"kind": "remote", "servers": [s.url for s in servers], "shards": 2, "timeout": 7.5,
+                    "overlap_updates": False}
     assert torch_recdev.store_info() == info
     assert torch_recdev.connect(None)["kind"] == "embedded"
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "store/errors.h"
 
@@ -20,6 +21,14 @@ constexpr size_t kMaxIdleConnections = 8;
 constexpr std::string_view kScheme = "tcp://";
 
 std::chrono::milliseconds to_ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000.0)); }
+
+// What the next request raises when an update sent before it with overlap_updates failed, before
+// that update's own error: an exchange's request is then not sent.
+constexpr std::string_view kOverlappedFailure =
+    "a table update sent by an earlier backward pass failed, and the shards did not apply it (connect(..., "
+    "overlap_updates=True): backward does not wait for its updates; the next request raises their failure)";
+std::string overlapped_failure_not_sent() { return std::string(kOverlappedFailure) + "; this request was not sent: "; }
+std::string overlapped_failure() { return std::string(kOverlappedFailure) + ": "; }
 
 }  // namespace
 
@@ -57,8 +66,12 @@ std::vector<std::string> parse_server_list(const std::string& list) {
 }
 
 RemoteSession::RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds,
-                             bool read_only)
-    : servers_(std::move(servers)), token_(std::move(token)), timeout_seconds_(timeout_seconds), read_only_(read_only) {
+                             bool read_only, bool overlap_updates)
+    : servers_(std::move(servers)),
+      token_(std::move(token)),
+      timeout_seconds_(timeout_seconds),
+      read_only_(read_only),
+      overlap_updates_(overlap_updates) {
   if (servers_.empty()) throw StoreError(ErrorCode::InvalidArgument, "a remote store needs at least one server");
   if (!(timeout_seconds_ > 0)) {
     throw StoreError(ErrorCode::InvalidArgument, "timeout must be a positive number of seconds");
@@ -74,6 +87,26 @@ RemoteSession::RemoteSession(std::vector<std::string> servers, std::string token
 }
 
 RemoteSession::~RemoteSession() {
+  {
+    // Overlapped updates still owed are read now, and a failure nobody was left to raise is said on
+    // stderr: a destructor cannot raise it.
+    std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+    finish_batches_owed();
+    const auto kept = failures_kept_.find(this);
+    if (kept != failures_kept_.end()) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(kept->second.first);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {}
+      std::fprintf(stderr,
+                   "recdev: %zu table update(s) sent with overlap_updates=True failed and were never reported "
+                   "(the connection closed before another request or torch.recdev.synchronize() read them), so "
+                   "the shards did not apply them: %s\n",
+                   kept->second.count, what.c_str());
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(heartbeat_mutex_);
     stopping_ = true;
@@ -200,14 +233,26 @@ void RemoteSession::exchange(Lease& lease, std::vector<Call>& calls, const std::
 
 void RemoteSession::exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                                     const std::function<void(size_t)>& on_answer) {
+  exchange_after_answers_owed(lease, calls, timeout_seconds, on_answer, /*raising_failures_kept=*/true);
+}
+
+void RemoteSession::exchange_keeping_failures(Lease& lease, std::vector<Call>& calls) {
+  exchange_after_answers_owed(lease, calls, timeout_seconds_, {}, /*raising_failures_kept=*/false);
+}
+
+void RemoteSession::exchange_after_answers_owed(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
+                                                const std::function<void(size_t)>& on_answer,
+                                                bool raising_failures_kept) {
   refuse_changes_if_read_only(calls);
   {
     // Each request sees the ones sent before it: the answers owed first (a failure among them is
-    // their owner's to report, not this exchange's). Their lease goes back to the pools, unless
-    // this exchange is part of building a request to send on it.
+    // their owner's to report, not this exchange's, unless the owner is the session: overlapped
+    // updates). Their lease goes back to the pools, unless this exchange is part of building a
+    // request to send on it.
     std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
     finish_batches_owed();
     if (!building_owed_) owed_lease_.reset();
+    if (raising_failures_kept) throw_failures_kept(this, overlapped_failure_not_sent());
   }
   exchange_on(connections_for(lease, calls), calls, timeout_seconds, on_answer);
 }
@@ -240,6 +285,7 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
 void RemoteSession::send_answer_later(const void* owner, const std::function<std::vector<Call>(Lease&)>& build,
                                       std::function<void(const Call& call, size_t k)> on_answer) {
   std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+  throw_failures_kept(this, overlapped_failure_not_sent());
   if (!owed_lease_) owed_lease_ = std::make_unique<Lease>(*this);
   auto batch = std::make_unique<BatchOwed>();
   batch->owner = owner;
@@ -291,16 +337,23 @@ void RemoteSession::read_answers_owed(const void* owner) {
   // The connections go back to the pools: every answer owed has been read (or its connection failed
   // and is dropped).
   if (!building_owed_) owed_lease_.reset();
+  throw_failures_kept(this, overlapped_failure());
+  if (owner != nullptr) throw_failures_kept(owner, "");
+}
+
+void RemoteSession::throw_failures_kept(const void* owner, const std::string& context) {
   const auto kept = failures_kept_.find(owner);
   if (kept == failures_kept_.end()) return;
   const FailuresKept failures = kept->second;
   failures_kept_.erase(kept);
-  if (failures.count == 1) std::rethrow_exception(failures.first);
+  if (failures.count == 1 && context.empty()) std::rethrow_exception(failures.first);
   try {
     std::rethrow_exception(failures.first);
   } catch (const StoreError& e) {
-    throw StoreError(e.code(), std::string(e.what()) + " (and " + std::to_string(failures.count - 1) +
-                                   " more requests sent with it failed)");
+    const std::string more =
+        failures.count == 1 ? ""
+                            : " (and " + std::to_string(failures.count - 1) + " more requests sent with it failed)";
+    throw StoreError(e.code(), context + e.what() + more);
   }
 }
 

@@ -49,8 +49,11 @@ class RemoteSession {
   // address, a wrong token or a server that is not listening fails now.
   // read_only: every request that would change a table (changes_tables) is refused here, before it
   // is sent (StoreError(ReadOnly)): for inference against serving shards or training shards alike.
-  RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds, bool read_only = false);
+  // overlap_updates: a backward pass does not wait for its updates' answers (updates_owner).
+  RemoteSession(std::vector<std::string> servers, std::string token, double timeout_seconds, bool read_only = false,
+                bool overlap_updates = false);
   bool read_only() const { return read_only_; }
+  bool overlaps_updates() const { return overlap_updates_; }
   ~RemoteSession();
   RemoteSession(const RemoteSession&) = delete;
   RemoteSession& operator=(const RemoteSession&) = delete;
@@ -86,6 +89,10 @@ class RemoteSession {
   // timeout: for requests a server answers only once other clients have sent theirs (STAGE_UPDATE).
   void exchange_within(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
                        const std::function<void(size_t call)>& on_answer = {});
+  // exchange, for requests that undo or free after a failure or in a destructor, whose callers
+  // swallow what it throws: a failure of an overlapped update read meanwhile stays kept for the next
+  // request to raise, instead of stopping the cleanup and being lost with its error.
+  void exchange_keeping_failures(Lease& lease, std::vector<Call>& calls);
 
   // Requests whose answers are read later, for the updates of a backward pass and lookups of several
   // tables: they then cross the network together, not a round trip each. build(lease) makes the
@@ -98,8 +105,15 @@ class RemoteSession {
   // throws counts as the call's error).
   void send_answer_later(const void* owner, const std::function<std::vector<Call>(Lease&)>& build,
                          std::function<void(const Call& call, size_t k)> on_answer = {});
+  // The owner to send a table's updates for: the table, whose wait_for_answers (at the end of the
+  // backward pass) throws their failure; or, with overlap_updates, the session itself, so that the
+  // pass need not wait for them: the shards apply them while the step goes on, and the session's next
+  // request (an exchange, send_answer_later or read_answers_owed, from any thread) reads their answers
+  // before it sends and throws a failure among them instead of sending.
+  const void* updates_owner(const void* table) const { return overlap_updates_ ? this : table; }
   // Reads every answer owed, gives the lease's connections back, and throws the first failure kept
-  // for `owner` (saying how many more of its requests failed).
+  // for `owner` (saying how many more of its requests failed), after any of an overlapped update.
+  // read_answers_owed(nullptr) throws only the latter: torch.recdev.synchronize().
   void read_answers_owed(const void* owner);
   // For an owner that goes away: its failures are dropped, and those of its requests still owed
   // will be too (no later owner at the same address gets them).
@@ -128,6 +142,10 @@ class RemoteSession {
   std::unique_ptr<ShardConnection> acquire(size_t shard);
   void release(size_t shard, std::unique_ptr<ShardConnection> connection);
   std::unique_ptr<ShardConnection> open(size_t shard, double timeout_seconds);
+  // Reads the answers owed, then (raising_failures_kept: after throwing an overlapped update's
+  // failure kept, if any) exchanges calls.
+  void exchange_after_answers_owed(Lease& lease, std::vector<Call>& calls, double timeout_seconds,
+                                   const std::function<void(size_t call)>& on_answer, bool raising_failures_kept);
   void exchange_on(const std::vector<ShardConnection*>& connections, std::vector<Call>& calls, double timeout_seconds,
                    const std::function<void(size_t call)>& on_answer = {});
   void heartbeat();
@@ -136,11 +154,15 @@ class RemoteSession {
   // Runs every batch sent with its answer owed to its end, in the order sent, keeping each failure
   // for the batch's owner; keeps the lease. Under answers_owed_mutex_.
   void finish_batches_owed();
+  // Throws (and forgets) the failures kept for `owner`, if any; `context` says what they were. Under
+  // answers_owed_mutex_.
+  void throw_failures_kept(const void* owner, const std::string& context);
 
   const std::vector<std::string> servers_;
   const std::string token_;
   const double timeout_seconds_;
   const bool read_only_;
+  const bool overlap_updates_;
   const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
   std::vector<std::unique_ptr<Link>> links_;
 

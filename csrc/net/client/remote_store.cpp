@@ -28,8 +28,9 @@ uint64_t random_route_key() {
 }  // namespace
 
 RemoteStoreClient::RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds,
-                                     bool read_only)
-    : session_(std::make_shared<RemoteSession>(parse_server_list(servers), token, timeout_seconds, read_only)) {}
+                                     bool read_only, bool overlap_updates)
+    : session_(std::make_shared<RemoteSession>(parse_server_list(servers), token, timeout_seconds, read_only,
+                                               overlap_updates)) {}
 
 std::vector<std::string> RemoteStoreClient::servers() const {
   std::vector<std::string> servers;
@@ -63,7 +64,7 @@ std::shared_ptr<store::TableHandle> RemoteStoreClient::create_table(const store:
       }
     }
     try {
-      session_->exchange(lease, frees);
+      session_->exchange_keeping_failures(lease, frees);
     } catch (const StoreError&) {}
     throw;
   }

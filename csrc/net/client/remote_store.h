@@ -55,7 +55,7 @@ class RemoteTable final : public store::TableHandle {
   // in another order than CPU's); a batch goes whole, split by shard here.
   store::RowPathTraits row_path_traits() const override {
     const bool float32 = dtype() == store::ElementType::Float32;
-    return store::RowPathTraits{float32, float32, true, true};
+    return store::RowPathTraits{float32, float32, true, true, session_->overlaps_updates()};
   }
   uint64_t init_stream() const override;
 
@@ -223,9 +223,9 @@ class RemoteStoreClient final : public store::StoreClient, public store::SyncSte
  public:
   // servers: "tcp://h1:7070,tcp://h2:7071" (parse_server_list). Connects to every server now.
   // read_only: RemoteSession's; declarations then open existing tables only (find, shape and dtype
-  // checked) and create none.
+  // checked) and create none. overlap_updates: RemoteSession's.
   RemoteStoreClient(const std::string& servers, const std::string& token, double timeout_seconds,
-                    bool read_only = false);
+                    bool read_only = false, bool overlap_updates = false);
 
   std::shared_ptr<store::TableHandle> create_table(const store::TableConfig& config,
                                                    std::optional<uint64_t> init_stream) override;
@@ -244,6 +244,8 @@ class RemoteStoreClient final : public store::StoreClient, public store::SyncSte
   std::string kind() const override { return "remote"; }
   std::vector<std::string> servers() const override;
   std::optional<double> timeout_seconds() const override { return session_->timeout_seconds(); }
+  bool overlaps_updates() const override { return session_->overlaps_updates(); }
+  void wait_for_answers() override { session_->read_answers_owed(nullptr); }
   store::SyncSteps* sync_steps() override { return this; }
   // sync_step.h
   void stage_step(const std::vector<store::StepRows>& tables, const StepTag& tag, double timeout_seconds) override;

@@ -462,7 +462,8 @@ void RemoteTable::update(const uint64_t* ids, size_t n, const void* grads) {
 void RemoteTable::send_update(const uint64_t* ids, size_t n, const void* grads) {
   check_update(ids, n, grads);
   const Routed routed = route(ids, n);
-  session_->send_answer_later(this, [&](RemoteSession::Lease& lease) { return update_calls(lease, routed, grads); });
+  session_->send_answer_later(session_->updates_owner(this),
+                              [&](RemoteSession::Lease& lease) { return update_calls(lease, routed, grads); });
 }
 
 void RemoteTable::stage_calls(RemoteSession::Lease& lease, const uint64_t* ids, size_t n, const float* grads,
@@ -629,7 +630,7 @@ void RemoteTable::free() noexcept {
       }
       calls.push_back(make_call(shard, Opcode::FreeTable, TableRequest{id}));
     }
-    session_->exchange(lease, calls);
+    session_->exchange_keeping_failures(lease, calls);
   } catch (...) {
     // Unreachable or already gone: the session's lease frees what a server still holds.
   }

@@ -40,7 +40,7 @@ void RemoteTable::set_policy(const store::TablePolicyConfig& config) {
       }
     }
     try {
-      session_->exchange(lease, undo);
+      session_->exchange_keeping_failures(lease, undo);
     } catch (const StoreError&) {}
     throw;
   }

@@ -235,7 +235,7 @@ void abort_loads(RemoteSession& session, RemoteSession::Lease& lease,
         aborts.push_back(make_call(shard, Opcode::AbortLoad, LoadRequest{load->load_ids()[shard]}));
       }
     }
-    session.exchange(lease, aborts);
+    session.exchange_keeping_failures(lease, aborts);
   } catch (...) {
     // The staging belongs to this session: the server frees it when the session lapses.
   }
