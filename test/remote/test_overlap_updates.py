@@ -73,7 +73,9 @@ def test_a_refused_update_is_raised_by_the_next_request_not_by_backward(overlapp
     assert not torch.equal(ops.emb_read(tables[0], ids).cpu(), before)
 
 
-def test_synchronize_raises_a_refused_update(overlapped):
+@pytest.mark.parametrize("synchronize", [torch.recdev.synchronize, torch.accelerator.synchronize],
+                         ids=["torch.recdev", "torch.accelerator"])
+def test_synchronize_raises_a_refused_update(overlapped, synchronize):
     servers, tables, ids, step = overlapped
     loss = step()
     stop_process(servers[0].proc)
@@ -81,23 +83,10 @@ def test_synchronize_raises_a_refused_update(overlapped):
         loss.backward()
         with pytest.raises(ConnectionError, match=EARLIER + r" \(.*\): recdev-server .*\(shard 0 of 2\), UPDATE: no answer "
                                                   r"within 1.5 s"):
-            torch.recdev.synchronize()
+            synchronize()
     finally:
         servers[0].proc.send_signal(signal.SIGCONT)
-    torch.recdev.synchronize()
-    torch.accelerator.synchronize()
-
-
-def test_accelerator_synchronize_raises_a_refused_update(overlapped):
-    servers, tables, ids, step = overlapped
-    loss = step()
-    stop_process(servers[0].proc)
-    try:
-        loss.backward()
-        with pytest.raises(ConnectionError, match=EARLIER):
-            torch.accelerator.synchronize()
-    finally:
-        servers[0].proc.send_signal(signal.SIGCONT)
+    synchronize()  # raised once
 
 
 def test_freeing_a_table_does_not_swallow_a_refused_update(overlapped):
