@@ -6,6 +6,7 @@ by synchronize, never lost: not by a request that frees or undoes (which swallow
 on stderr if the process ends first."""
 
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -106,6 +107,35 @@ def test_freeing_a_table_does_not_swallow_a_refused_update(overlapped):
     with pytest.raises(ConnectionError, match=EARLIER):
         ops.emb_read(tables[0], ids)
     ops.emb_read(tables[0], ids)
+
+
+def fork_and_read(table, ids):
+    """A child forked now (as a DataLoader worker) reads rows of the table; its exit code."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)  # as a DataLoader worker: no OpenMP pool after a fork
+            os._exit(0 if ops.emb_read(table, ids).shape == (len(ids), table.shape[1]) else 1)
+        except BaseException:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_forked_child_leaves_the_answers_owed_to_its_parent(start_shards):
+    """A fork between steps inherits the answers owed: the child's own request must not read them
+    off its parent's sockets, where the parent would then wait for them in vain."""
+    ids = torch.arange(0, 1000, 7)
+
+    def train_forking(tables):
+        for _ in range(3):
+            F.embedding(ids, tables[0]).cpu().pow(2).sum().backward()
+            if torch_recdev.store_info()["kind"] == "remote":
+                assert fork_and_read(tables[0], ids[:5]) == 0
+        return ops.emb_read(tables[0], torch.arange(1000)).cpu()
+
+    embedded = train_forking(make_tables("overlap_fork"))
+    torch_recdev.connect(local_shards.server_list(start_shards(2)), timeout=5, overlap_updates=True)
+    assert torch.equal(train_forking(make_tables("overlap_fork")), embedded)
 
 
 _EXITS_WITH_A_REFUSAL = textwrap.dedent("""

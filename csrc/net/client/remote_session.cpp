@@ -285,6 +285,7 @@ void RemoteSession::exchange_on(const std::vector<ShardConnection*>& connections
 void RemoteSession::send_answer_later(const void* owner, const std::function<std::vector<Call>(Lease&)>& build,
                                       std::function<void(const Call& call, size_t k)> on_answer) {
   std::lock_guard<std::recursive_mutex> lock(answers_owed_mutex_);
+  forget_answers_of_parent();
   throw_failures_kept(this, overlapped_failure_not_sent());
   if (!owed_lease_) owed_lease_ = std::make_unique<Lease>(*this);
   auto batch = std::make_unique<BatchOwed>();
@@ -317,7 +318,16 @@ void RemoteSession::send_answer_later(const void* owner, const std::function<std
   batches_owed_.push_back(std::move(batch));
 }
 
+void RemoteSession::forget_answers_of_parent() {
+  if (answers_owed_pid_ == ::getpid()) return;
+  batches_owed_.clear();  // before the lease whose connections they use
+  owed_lease_.reset();    // closes the child's copies of the sockets; the parent's stay open
+  failures_kept_.clear();
+  answers_owed_pid_ = ::getpid();
+}
+
 void RemoteSession::finish_batches_owed() {
+  forget_answers_of_parent();
   for (const auto& batch : batches_owed_) {
     try {
       batch->exchange->run(to_ms(timeout_seconds_), seconds_text(timeout_seconds_));

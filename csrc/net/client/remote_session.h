@@ -154,6 +154,10 @@ class RemoteSession {
   // Runs every batch sent with its answer owed to its end, in the order sent, keeping each failure
   // for the batch's owner; keeps the lease. Under answers_owed_mutex_.
   void finish_batches_owed();
+  // A forked child (a DataLoader worker) inherits its parent's requests owed and failures kept: they
+  // are the parent's to read, on the parent's sockets, and to raise, so the child forgets them. Under
+  // answers_owed_mutex_.
+  void forget_answers_of_parent();
   // Throws (and forgets) the failures kept for `owner`, if any; `context` says what they were. Under
   // answers_owed_mutex_.
   void throw_failures_kept(const void* owner, const std::string& context);
@@ -183,6 +187,7 @@ class RemoteSession {
   bool building_owed_ = false;  // send_answer_later's build is running: owed_lease_ is in use
   std::vector<std::unique_ptr<BatchOwed>> batches_owed_;
   std::unordered_map<const void*, FailuresKept> failures_kept_;  // by owner, until it reads them
+  pid_t answers_owed_pid_ = ::getpid();                          // the process they belong to
 
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
