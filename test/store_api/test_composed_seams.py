@@ -131,6 +131,19 @@ def test_a_refused_update_evicts_and_admits_nothing():
     assert torch.equal(ops.emb_read(table, torch.tensor([0, 1])).cpu(), torch.full((2, 4), -1.0, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_gradients_whose_sums_stay_finite_are_applied(dtype):
+    # Near the type's largest value (a sum of duplicates is checked for overflow then, not skipped as
+    # for ordinary gradients): three gradients of id 5 summing to 3/4 of it, and a row named once.
+    largest = torch.finfo(dtype).max
+    table = ops.init_embedding_table(_name(), 100, 4, dtype=dtype, init=R.Zero(), optimizer=("sgd", {"lr": 1.0}))
+    grads = torch.full((4, 4), largest / 4, dtype=dtype)
+    ops.emb_update(table, torch.tensor([5, 7, 5, 5]), grads)
+    assert torch.equal(ops.emb_read(table, torch.tensor([5, 7])).cpu(),
+                       torch.stack([torch.full((4,), -3 * (largest / 4), dtype=dtype),
+                                    torch.full((4,), -largest / 4, dtype=dtype)]))
+
+
 def test_save_and_load_do_not_count_an_ids_lookups_again(tmp_path):
     # On shards the file's admission sketch is merged from every shard's and each shard gets it whole
     # back; merged by a sum, every save after a load counted each lookup once per shard.

@@ -1,9 +1,11 @@
 #include "remote_session.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 
@@ -21,6 +23,23 @@ constexpr size_t kMaxIdleConnections = 8;
 constexpr std::string_view kScheme = "tcp://";
 
 std::chrono::milliseconds to_ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000.0)); }
+
+std::atomic<pid_t> process_id{0};
+void note_process_id() { process_id.store(::getpid(), std::memory_order_relaxed); }
+
+}  // namespace
+
+pid_t this_process() {
+  static const bool noted = [] {
+    note_process_id();
+    ::pthread_atfork(nullptr, nullptr, &note_process_id);  // a fork's child notes its own
+    return true;
+  }();
+  (void)noted;
+  return process_id.load(std::memory_order_relaxed);
+}
+
+namespace {
 
 // What the next request raises when an update sent before it with overlap_updates failed, before
 // that update's own error: an exchange's request is then not sent.
@@ -139,7 +158,7 @@ std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
       std::lock_guard<std::mutex> lock(link.mutex);
       // A forked child (a DataLoader worker) must not talk on its parent's sockets: their frames would
       // interleave. It opens its own (in the same session).
-      if (::getpid() != pid_) link.idle.clear();
+      if (this_process() != pid_) link.idle.clear();
       if (link.idle.empty()) break;
       connection = std::move(link.idle.back());
       link.idle.pop_back();
@@ -153,7 +172,7 @@ std::unique_ptr<ShardConnection> RemoteSession::acquire(size_t shard) {
 }
 
 void RemoteSession::release(size_t shard, std::unique_ptr<ShardConnection> connection) {
-  if (connection->broken || ::getpid() != pid_) return;
+  if (connection->broken || this_process() != pid_) return;
   Link& link = *links_[shard];
   std::lock_guard<std::mutex> lock(link.mutex);
   // A connection of an older epoch talks to a session the server has since replaced.
@@ -319,11 +338,11 @@ void RemoteSession::send_answer_later(const void* owner, const std::function<std
 }
 
 void RemoteSession::forget_answers_of_parent() {
-  if (answers_owed_pid_ == ::getpid()) return;
+  if (answers_owed_pid_ == this_process()) return;
   batches_owed_.clear();  // before the lease whose connections they use
   owed_lease_.reset();    // closes the child's copies of the sockets; the parent's stay open
   failures_kept_.clear();
-  answers_owed_pid_ = ::getpid();
+  answers_owed_pid_ = this_process();
 }
 
 void RemoteSession::finish_batches_owed() {

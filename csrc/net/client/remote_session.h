@@ -43,6 +43,10 @@ namespace recdev::net {
 // "h2:7071". Throws StoreError(InvalidArgument) saying what is wrong with which entry.
 std::vector<std::string> parse_server_list(const std::string& list);
 
+// getpid() without a system call per use (glibc does not cache it, and a session asks each time a
+// connection is leased and given back): the pid, which changes only in a fork's child.
+pid_t this_process();
+
 class RemoteSession {
  public:
   // servers: "host:port" of shard 0, 1, ... The first connection to each is opened here, so a bad
@@ -167,7 +171,7 @@ class RemoteSession {
   const double timeout_seconds_;
   const bool read_only_;
   const bool overlap_updates_;
-  const pid_t pid_ = ::getpid();  // the process whose connections the pools hold
+  const pid_t pid_ = this_process();  // the process whose connections the pools hold
   std::vector<std::unique_ptr<Link>> links_;
 
   // The requests sent by send_answer_later whose answers are not read yet, in the order sent, with
@@ -187,7 +191,7 @@ class RemoteSession {
   bool building_owed_ = false;  // send_answer_later's build is running: owed_lease_ is in use
   std::vector<std::unique_ptr<BatchOwed>> batches_owed_;
   std::unordered_map<const void*, FailuresKept> failures_kept_;  // by owner, until it reads them
-  pid_t answers_owed_pid_ = ::getpid();                          // the process they belong to
+  pid_t answers_owed_pid_ = this_process();                      // the process they belong to
 
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
