@@ -103,10 +103,17 @@ def server_stats(address: str, *, token: str = "", timeout: float = 10.0) -> dic
     return dict(_C._server_stats(address, token, timeout))
 
 
+_PID = os.getpid()
+
+
 @atexit.register
 def _report_updates_never_answered() -> None:
     """At exit, reads the answers of the updates backward did not wait for (``overlap_updates``): a
-    refused one that no request raised since is said on stderr, as an exit cannot raise it."""
+    refused one that no request raised since is said on stderr, as an exit cannot raise it. Not in a
+    forked child (a DataLoader worker exiting with sys.exit): the answers are its parent's, and a
+    lock another thread of the parent held at the fork would never be released in it."""
+    if os.getpid() != _PID:
+        return
     try:
         _C._wait_for_store_answers()
     except Exception as error:  # noqa: BLE001 - any failure is reported, none may stop the exit

@@ -11,17 +11,18 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_recdev
-from test_backward_answers import make_tables, train
+from test_backward_answers import DIM, make_tables, train
 from test_remote_training import stop_process
 from torch_recdev import local_shards, ops
 
-EARLIER = r"a table update sent by an earlier backward pass failed, and the shards did not apply it"
+EARLIER = r"a table update sent by an earlier backward pass failed \(connect\(\.\.\., overlap_updates=True\)"
 
 
 def train_with_table_lookups(tables, steps=6):
@@ -82,7 +83,7 @@ def test_synchronize_raises_a_refused_update(overlapped, synchronize):
     stop_process(servers[0].proc)
     try:
         loss.backward()
-        with pytest.raises(ConnectionError, match=EARLIER + r" \(.*\): recdev-server .*\(shard 0 of 2\), UPDATE: no answer "
+        with pytest.raises(ConnectionError, match=EARLIER + r".*may still apply it.*: recdev-server .*\(shard 0 of 2\), UPDATE: no answer "
                                                   r"within 1.5 s"):
             synchronize()
     finally:
@@ -107,6 +108,30 @@ def test_freeing_a_table_does_not_swallow_a_refused_update(overlapped):
     with pytest.raises(ConnectionError, match=EARLIER):
         ops.emb_read(tables[0], ids)
     ops.emb_read(tables[0], ids)
+
+
+def test_a_pause_between_steps_keeps_the_session(start_shards):
+    """Between steps the answers of the last updates are owed, on connections out of the pools: the
+    heartbeat reads them after a quiet beat and gives the connections back, so that a pause longer
+    than the servers' idle timeout and the session's lease (an evaluation, a barrier) loses neither
+    the connections nor the session's anonymous tables."""
+    servers = start_shards(2, "--idle-timeout", "2", "--lease-seconds", "1")
+    torch_recdev.connect(local_shards.server_list(servers), overlap_updates=True)
+    with torch_recdev.placement("table"):
+        anonymous = torch.nn.Embedding(1000, DIM, device="recdev")
+    torch_recdev.optim.SGD([anonymous.weight], lr=0.1)
+    named = make_tables("overlap_pause")[0]
+    ids = torch.arange(0, 1000, 3)
+
+    def step():
+        rows = torch_recdev.embeddings([ids, ids], [anonymous.weight, named])
+        sum(r.cpu().pow(2).sum() for r in rows).backward()
+
+    step()
+    time.sleep(4)  # twice the idle timeout, four leases
+    step()
+    torch.recdev.synchronize()
+    assert ops.emb_read(anonymous.weight, ids).shape == (len(ids), DIM)
 
 
 def fork_and_read(table, ids):

@@ -44,8 +44,9 @@ namespace {
 // What the next request raises when an update sent before it with overlap_updates failed, before
 // that update's own error: an exchange's request is then not sent.
 constexpr std::string_view kOverlappedFailure =
-    "a table update sent by an earlier backward pass failed, and the shards did not apply it (connect(..., "
-    "overlap_updates=True): backward does not wait for its updates; the next request raises their failure)";
+    "a table update sent by an earlier backward pass failed (connect(..., overlap_updates=True): backward does not "
+    "wait for its updates; the next request raises their failure). A shard that refused it changed nothing; one "
+    "that did not answer may still apply it, so check the rows before sending it again";
 std::string overlapped_failure_not_sent() { return std::string(kOverlappedFailure) + "; this request was not sent: "; }
 std::string overlapped_failure() { return std::string(kOverlappedFailure) + ": "; }
 
@@ -121,8 +122,7 @@ RemoteSession::~RemoteSession() {
       } catch (...) {}
       std::fprintf(stderr,
                    "recdev: %zu table update(s) sent with overlap_updates=True failed and were never reported "
-                   "(the connection closed before another request or torch.recdev.synchronize() read them), so "
-                   "the shards did not apply them: %s\n",
+                   "(the connection closed before another request or torch.recdev.synchronize() read them): %s\n",
                    kept->second.count, what.c_str());
     }
   }
@@ -319,13 +319,6 @@ void RemoteSession::send_answer_later(const void* owner, const std::function<std
     if (batches_owed_.empty()) owed_lease_.reset();  // nothing owed: not kept out of the pools
     throw;
   }
-  // A frame must not start on a stream before the one ahead of it is whole: an earlier batch still
-  // sending (larger than the socket's buffer) is finished first.
-  const bool earlier_still_sending = std::any_of(batches_owed_.begin(), batches_owed_.end(), [](const auto& earlier) {
-    const std::vector<Exchange::Channel>& channels = earlier->exchange->channels();
-    return std::any_of(channels.begin(), channels.end(), [](const Exchange::Channel& c) { return c.sending(); });
-  });
-  if (earlier_still_sending) finish_batches_owed();
   std::function<void(size_t)> handler;
   if (on_answer) {
     handler = [calls = &batch->calls, on_answer = std::move(on_answer)](size_t k) { on_answer((*calls)[k], k); };
@@ -334,7 +327,26 @@ void RemoteSession::send_answer_later(const void* owner, const std::function<std
       connections_for(*owed_lease_, batch->calls), batch->calls, [this](size_t shard) { return describe(shard); },
       std::move(handler));
   for (Exchange::Channel& channel : batch->exchange->channels()) batch->exchange->send(channel);
+  const std::vector<Exchange::Channel>& channels = batch->exchange->channels();
+  const bool left_unsent = std::any_of(channels.begin(), channels.end(), [](const auto& c) { return c.sending(); });
   batches_owed_.push_back(std::move(batch));
+  ++batches_sent_;
+  // A batch larger than its sockets take now is run to its end at once: the rest of it would
+  // otherwise wait for the next request to be sent (its shard could not apply it meanwhile, and
+  // drops a frame left half-sent past its payload timeout), and no frame may start on a stream
+  // before the one ahead of it is whole.
+  if (left_unsent) finish_batches_owed();
+}
+
+void RemoteSession::read_answers_left_owed() {
+  std::unique_lock<std::recursive_mutex> lock(answers_owed_mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || building_owed_) return;  // a request is at them
+  if (batches_owed_.empty() || batches_sent_ != batches_seen_by_heartbeat_) {
+    batches_seen_by_heartbeat_ = batches_sent_;  // owed for less than a beat: the step may go on
+    return;
+  }
+  finish_batches_owed();  // their failures stay kept for the next request
+  owed_lease_.reset();
 }
 
 void RemoteSession::forget_answers_of_parent() {
@@ -406,6 +418,7 @@ void RemoteSession::heartbeat() {
     heartbeat_wake_.wait_for(lock, to_ms(interval));
     if (stopping_) break;
     lock.unlock();
+    read_answers_left_owed();
     // Pings an idle connection of each shard; one in use renews the lease by its own requests.
     for (size_t shard = 0; shard < links_.size(); ++shard) {
       std::unique_ptr<ShardConnection> connection;

@@ -162,6 +162,12 @@ class RemoteSession {
   // are the parent's to read, on the parent's sockets, and to raise, so the child forgets them. Under
   // answers_owed_mutex_.
   void forget_answers_of_parent();
+  // The heartbeat's part in overlapped updates: answers owed since the beat before with no request
+  // since are read, and their connections go back to the pools. Held out of them, those connections
+  // would get no ping, so the server's idle timeout and the session's lease would run out on them
+  // during a long pause between steps (an evaluation, a barrier). Skipped while a request holds
+  // answers_owed_mutex_.
+  void read_answers_left_owed();
   // Throws (and forgets) the failures kept for `owner`, if any; `context` says what they were. Under
   // answers_owed_mutex_.
   void throw_failures_kept(const void* owner, const std::string& context);
@@ -191,6 +197,8 @@ class RemoteSession {
   bool building_owed_ = false;  // send_answer_later's build is running: owed_lease_ is in use
   std::vector<std::unique_ptr<BatchOwed>> batches_owed_;
   std::unordered_map<const void*, FailuresKept> failures_kept_;  // by owner, until it reads them
+  uint64_t batches_sent_ = 0;                                    // by send_answer_later
+  uint64_t batches_seen_by_heartbeat_ = 0;                       // batches_sent_ at its last beat
   pid_t answers_owed_pid_ = this_process();                      // the process they belong to
 
   std::mutex heartbeat_mutex_;
