@@ -71,8 +71,10 @@ DeclaredTable Store::declare_table(const std::string& name, const TableDeclarati
     // valid and read what they expect; a handle of another dtype must never see these bytes.
     if (existing.num_rows == config.num_rows && existing.row_words == config.row_words &&
         existing.dtype == config.dtype) {
+      // The optimizer as declared, none if none is (a reset makes the table as declared), as for a
+      // reset that replaces the table below.
       table->reset(declaration.declares_init ? config.init : existing.init,
-                   declared_optimizer(declaration, table->optimizer()).value_or(table->optimizer()));
+                   declared_optimizer(declaration, table->optimizer()).value_or(OptimizerConfig{}));
       result.id = found->second;
       return result;
     }

@@ -106,6 +106,17 @@ def test_reset_drops_rows_and_state_and_may_change_everything():
     assert other_shape.shape == (50, 4) and R.table_stats(other_shape)["rows"] == 0
 
 
+@pytest.mark.parametrize("rows", [1000, 50], ids=["in_place", "replaced"])
+def test_a_reset_that_names_no_optimizer_leaves_the_table_none(rows):
+    # As declared, whether the reset keeps the shape (in place) or not (a new table under the name).
+    name = _name()
+    ops.emb_update(_declare(name, optimizer=("adam", {"lr": 0.1})), KEYS, _grads(0))
+    fresh = _declare(name, rows=rows, optimizer=None, reset=True)
+    with pytest.raises(ValueError, match="has no optimizer"):
+        ops.emb_update(fresh, KEYS % rows, _grads(1))
+    assert R.table_stats(fresh)["rows"] == 0
+
+
 def test_without_init_or_optimizer_a_declaration_opens_whatever_the_table_has():
     name = _name()
     table = _declare(name, init=R.Normal(0, 1), optimizer=("adam", {"lr": 0.1}))
