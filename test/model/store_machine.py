@@ -9,7 +9,9 @@ other request.
 Where the docs leave room, the model takes: `reset=True` makes a fresh table (the declared policy,
 none if none is declared; an empty admission sketch; zero counters and step), however the shape
 changes; tables on shards get admission alone (budgets there are per-shard shares over routed ids),
-and `shard_budget` checks that a budget refusal on shards is all or nothing.
+and `shard_budget` checks that a budget refusal on shards is all or nothing. On shards the machine
+connects with `overlap_updates=True`, and `update_in_backward` trains through autograd: its update
+is answered only when the next rule's first request reads it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
@@ -103,7 +106,9 @@ class StoreMachine(RuleBasedStateMachine):
             # each shard keeps its own checkpoint directory across restarts
             self.servers = [local_shards.Server(s, 2, "--checkpoint-dir", d, log_dir=self.tmp)
                             for s, d in enumerate(self.ckpt_dirs)]
-            torch_recdev.connect(local_shards.server_list(self.servers))
+            # Backward's updates overlap what follows (update_in_backward); every other rule's
+            # requests are synchronous, and each reads the answers owed first.
+            torch_recdev.connect(local_shards.server_list(self.servers), overlap_updates=True)
         else:
             torch_recdev.connect(None)
             torch_recdev.set_disk_dir(DISK_DIR)  # the embedded store lives on, and its spilling tables
@@ -335,6 +340,35 @@ class StoreMachine(RuleBasedStateMachine):
             tensor = torch.cat([tensor, tensor.new_zeros(1, m.dim)])
             new, refused = self.models[name], Refused(ValueError, "gradients of another shape")
         call(refused, lambda: ops.emb_update(t, keys_tensor(keys), tensor))
+        self.models[name] = new
+        self.check(name)
+
+    def _trainable(self) -> list[str]:
+        # Policies are left out: a lookup and its backward's update are one touch of the policy
+        # (table_policy.h), which the model's read and update would count twice.
+        return sorted(n for n, m in self.models.items() if m.opt is not None and m.policy is None)
+
+    @precondition(lambda self: self.remote and self._trainable())
+    @rule(data=st.data())
+    def update_in_backward(self, data):
+        """A training step through autograd: F.embedding's lookup, then its backward's update, which
+        with overlap_updates returns once sent; the check after it is the next request, which reads
+        its answer first. The model: a read, then an update."""
+        name = data.draw(st.sampled_from(self._trainable()))
+        m, t = self.models[name], self.handles[name]
+        keys = self._keys(data, m) or [0]
+        grads = np.asarray(data.draw(st.lists(st.sampled_from(GRAD_VALUES), min_size=len(keys) * m.dim,
+                                              max_size=len(keys) * m.dim)), np.float32).reshape(-1, m.dim)
+        grads = torch.from_numpy(grads).to(DTYPES[m.dtype])
+        new, refused, want = self._apply(name, "read", keys)
+        assert refused is None, refused
+        new.update(keys, grads.float().numpy())
+        out = F.embedding(keys_tensor(keys), t.requires_grad_(True)).cpu()
+        for p, k in enumerate(keys):
+            if want[p] is not None and (new.opt[0] == "sgd" or k not in self.models[name].held):
+                assert np.array_equal(out[p].detach().float().numpy(), want[p]), f"lookup of row {k}"
+        (out * grads).sum().backward()
+        t.requires_grad_(False)  # the handle as the other rules use it
         self.models[name] = new
         self.check(name)
 
